@@ -1,0 +1,62 @@
+"""Per-layer decoder caches for generation.
+
+Self-attention keys/values grow by one position per step; cross-attention keys/values are
+projected from the encoder output once per input and reused for every generated token."""
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+class LayerCache:
+    """One decoder layer's cache: growing self-attention K/V and fixed cross-attention K/V."""
+
+    def __init__(self, cross_kv: tuple[mx.array, mx.array]):
+        self.keys: mx.array | None = None  # (B, H, T, D)
+        self.values: mx.array | None = None
+        self.cross_kv = cross_kv  # (B, H, S, D) each
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        """Append this step's keys/values and return all of them so far."""
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            self.keys = mx.concatenate([self.keys, k], axis=2)
+            self.values = mx.concatenate([self.values, v], axis=2)
+        return self.keys, self.values
+
+    @property
+    def offset(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def reorder(self, rows: mx.array, cross: bool = False) -> None:
+        """Keep batch rows `rows` (beam search). Cross K/V only change when `cross` is set:
+        beams of one input share its encoder output, so reordering within a group is a no-op."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys[rows], self.values[rows]
+        if cross:
+            self.cross_kv = (self.cross_kv[0][rows], self.cross_kv[1][rows])
+
+
+class DecoderCache:
+    """All layers' caches plus the source mask, handed to `Bert2Bert.decode_step`."""
+
+    def __init__(self, layers: list[LayerCache], cross_mask: mx.array | None):
+        self.layers = layers
+        self.cross_mask = cross_mask  # (B, 1, 1, S) bool, True where the source is real
+
+    @property
+    def offset(self) -> int:
+        return self.layers[0].offset if self.layers else 0
+
+    def reorder(self, rows: mx.array, cross: bool = False) -> None:
+        for layer in self.layers:
+            layer.reorder(rows, cross)
+        if cross and self.cross_mask is not None:
+            self.cross_mask = self.cross_mask[rows]
+
+    def state(self) -> list[mx.array]:
+        """Every array held, for mx.eval."""
+        out = [self.cross_mask] if self.cross_mask is not None else []
+        for layer in self.layers:
+            out += [a for a in (layer.keys, layer.values, *layer.cross_kv) if a is not None]
+        return out

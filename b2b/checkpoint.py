@@ -1,0 +1,136 @@
+"""Checkpoints: a folder with `model.safetensors`, `config.json` and the tokenizer files.
+
+Written to `NAME.tmp/` and renamed into place, so a reader (the demo's hot reload) never sees
+half of one. Loading is strict: a missing, unexpected or misshapen tensor is an error naming
+the tensor and the path."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .config import B2BConfig
+from .model import Bert2Bert
+from .tokenizer import Tokenizer
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that exists but cannot be loaded (missing or misshapen tensor, bad file)."""
+
+
+def save_checkpoint(
+    model: Bert2Bert,
+    tokenizer: Tokenizer,
+    path: str,
+    dtype: str | None = None,
+    extra: dict[str, dict] | None = None,
+    arrays: dict[str, dict[str, mx.array]] | None = None,
+) -> str:
+    """Write `model` (optionally cast to float16/bfloat16) and `tokenizer` to the folder `path`
+    atomically. `extra` adds JSON files (e.g. trainer_state.json) and `arrays` extra
+    safetensors files (e.g. optimizer.safetensors) inside the same atomic write."""
+    if dtype is not None and dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}.")
+    path = os.path.abspath(path)
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    weights = dict(tree_flatten(model.parameters()))
+    if dtype is not None:
+        weights = {k: v.astype(_DTYPES[dtype]) for k, v in weights.items()}
+    mx.save_safetensors(os.path.join(tmp, WEIGHTS), weights, metadata={"format": "b2b"})
+    model.config.save(tmp)
+    tokenizer.save(tmp)
+    for name, data in (extra or {}).items():
+        with open(os.path.join(tmp, name), "w") as f:
+            json.dump(data, f, indent=2)
+    for name, tensors in (arrays or {}).items():
+        mx.save_safetensors(os.path.join(tmp, name), tensors)
+    _fsync_dir(tmp)
+    old = path + ".old"
+    if os.path.exists(path):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+    os.rename(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def _fsync_dir(folder: str) -> None:
+    """Flush the files' data so a crash after the rename cannot leave empty files behind."""
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            os.fsync(f.fileno())
+
+
+def is_checkpoint(path: str) -> bool:
+    """True for a complete b2b checkpoint folder (not a `.tmp` being written)."""
+    return (
+        os.path.isdir(path)
+        and not path.rstrip("/").endswith((".tmp", ".old"))
+        and os.path.isfile(os.path.join(path, WEIGHTS))
+        and os.path.isfile(os.path.join(path, CONFIG))
+    )
+
+
+def load_checkpoint(path: str, dtype: str | None = None) -> tuple[Bert2Bert, Tokenizer]:
+    """Model and tokenizer from a b2b checkpoint folder. A Hugging Face BERT folder (its
+    config.json has `model_type`) is warm-started instead. `dtype` casts the weights."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"No checkpoint folder at {path}.")
+    cfg_path = os.path.join(path, CONFIG)
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"No {CONFIG} in {path}: not a checkpoint folder.")
+    try:
+        with open(cfg_path) as f:
+            raw = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON ({e}).") from e
+    tokenizer = _load_tokenizer(path)
+    if "model_type" in raw:  # a Hugging Face folder
+        from .convert import load_hf_bert
+
+        model = load_hf_bert(path)
+    else:
+        model = Bert2Bert(B2BConfig.from_dict(raw))
+        _load_weights_strict(model, os.path.join(path, WEIGHTS))
+    if dtype is not None:
+        model.set_dtype(_DTYPES[dtype])
+    model.eval()
+    mx.eval(model.parameters())
+    return model, tokenizer
+
+
+def _load_tokenizer(path: str) -> Tokenizer:
+    has_files = any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "vocab.txt"))
+    return Tokenizer.from_pretrained(path) if has_files else Tokenizer.default()
+
+
+def _load_weights_strict(model: Bert2Bert, weights_path: str) -> None:
+    if not os.path.isfile(weights_path):
+        raise FileNotFoundError(f"Missing weights file {weights_path}.")
+    try:
+        loaded = mx.load(weights_path)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise CheckpointError(f"Cannot read {weights_path}: {e}") from e
+    expected = dict(tree_flatten(model.parameters()))
+    for name, value in expected.items():
+        if name not in loaded:
+            raise CheckpointError(f"Tensor {name} is missing from {weights_path}.")
+        if loaded[name].shape != value.shape:
+            raise CheckpointError(
+                f"Tensor {name} in {weights_path} has shape {tuple(loaded[name].shape)}, "
+                f"expected {tuple(value.shape)}."
+            )
+    unexpected = sorted(set(loaded) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"Unexpected tensor {unexpected[0]} in {weights_path} (config.json does not match).")
+    # Keep the saved precision's values but compute in float32 unless asked otherwise.
+    model.load_weights([(k, v.astype(mx.float32)) for k, v in loaded.items()])

@@ -1,0 +1,185 @@
+"""BERT2BERT: a BERT encoder (with MLM and NSP heads) and a BERT-style decoder with causal
+self-attention and cross-attention, LM head tied to the word embeddings.
+Shapes: B batch, S source length, T target length, C hidden, V vocabulary, H heads."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import DecoderCache, LayerCache
+from .config import B2BConfig
+from .layers import DecoderLayer, Embeddings, EncoderLayer
+
+
+@dataclass
+class Intermediates:
+    """Attention maps, one (B, H, Tq, Tk) array per layer, when asked for."""
+
+    encoder: list[mx.array] = field(default_factory=list)  # (B, H, S, S)
+    decoder: list[mx.array] = field(default_factory=list)  # (B, H, T, T)
+    cross: list[mx.array] = field(default_factory=list)  # (B, H, T, S)
+
+
+def padding_mask(attention_mask: mx.array | None) -> mx.array | None:
+    """(B, S) 1/0 -> (B, 1, 1, S) bool, broadcast over heads and queries."""
+    if attention_mask is None:
+        return None
+    return (attention_mask > 0)[:, None, None, :]
+
+
+class LMHead(nn.Module):
+    """BERT's prediction head: Linear + GELU + LayerNorm, then a projection onto the vocabulary
+    (the word-embedding matrix when tied) plus a bias."""
+
+    def __init__(self, cfg: B2BConfig):
+        super().__init__()
+        self.transform = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        if not cfg.tie_embeddings:
+            self.projection = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.bias = mx.zeros((cfg.vocab_size,))
+
+    def __call__(self, h: mx.array, word: nn.Embedding) -> mx.array:
+        h = self.norm(nn.gelu(self.transform(h)))  # (..., C)
+        if "projection" in self:
+            return self.projection(h) + self.bias
+        return word.as_linear(h) + self.bias  # (..., V)
+
+
+class Encoder(nn.Module):
+    """BERT: embeddings and post-norm blocks, plus the MLM head, pooler and NSP classifier."""
+
+    def __init__(self, cfg: B2BConfig):
+        super().__init__()
+        self.embeddings = Embeddings(cfg)
+        self.layers = [EncoderLayer(cfg) for _ in range(cfg.encoder_layers)]
+        self.mlm_head = LMHead(cfg)
+        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.nsp_head = nn.Linear(cfg.hidden_size, 2)
+
+    def __call__(
+        self,
+        ids: mx.array,
+        attention_mask: mx.array | None = None,
+        token_type_ids: mx.array | None = None,
+        intermediates: Intermediates | None = None,
+    ) -> mx.array:
+        mask = padding_mask(attention_mask)
+        x = self.embeddings(ids, token_type_ids)  # (B, S, C)
+        for layer in self.layers:
+            x, w = layer(x, mask, return_weights=intermediates is not None)
+            if intermediates is not None:
+                intermediates.encoder.append(w)
+        return x
+
+    def mlm_logits(self, h: mx.array) -> mx.array:
+        """Vocabulary logits for hidden states; pass only the masked positions (N, C) -> (N, V):
+        the projection and its softmax are the most expensive part of MLM on a CPU."""
+        return self.mlm_head(h, self.embeddings.word)
+
+    def nsp_logits(self, h: mx.array) -> mx.array:
+        """Is-next-sentence logits from the [CLS] state: (B, S, C) -> (B, 2)."""
+        return self.nsp_head(mx.tanh(self.pooler(h[:, 0])))
+
+
+class Decoder(nn.Module):
+    """BERT-style decoder: embeddings (word table shared with the encoder), blocks with causal
+    self-attention and cross-attention, LM head tied to the word embeddings."""
+
+    def __init__(self, cfg: B2BConfig, encoder: Encoder):
+        super().__init__()
+        if not cfg.share_encoder_decoder:
+            self.embeddings = Embeddings(cfg, word=encoder.embeddings.word)
+            self.lm_head = LMHead(cfg)
+        self.layers = [DecoderLayer(cfg) for _ in range(cfg.decoder_layers)]
+
+
+class Bert2Bert(nn.Module):
+    """The encoder-decoder. `encode` once, then `decode` (teacher forcing) or
+    `make_cache` + `decode_step` (generation)."""
+
+    def __init__(self, cfg: B2BConfig):
+        super().__init__()
+        self.config = cfg
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg, self.encoder)
+        self.apply_to_modules(_init_bert)
+
+    # -- parts shared with BERTShare -------------------------------------------------------
+    def _dec_embeddings(self) -> Embeddings:
+        return self.encoder.embeddings if self.config.share_encoder_decoder else self.decoder.embeddings
+
+    def _dec_lm_head(self) -> LMHead:
+        return self.encoder.mlm_head if self.config.share_encoder_decoder else self.decoder.lm_head
+
+    def _shared_layers(self) -> list[EncoderLayer | None]:
+        if self.config.share_encoder_decoder:
+            return list(self.encoder.layers)
+        return [None] * len(self.decoder.layers)
+
+    # -- forward passes --------------------------------------------------------------------
+    def encode(
+        self, src_ids: mx.array, src_mask: mx.array | None = None, intermediates: Intermediates | None = None
+    ) -> mx.array:
+        """Source ids (B, S) and 1/0 mask (B, S) -> encoder states (B, S, C)."""
+        return self.encoder(src_ids, src_mask, intermediates=intermediates)
+
+    def decode(
+        self,
+        tgt_ids: mx.array,
+        memory: mx.array,
+        src_mask: mx.array | None = None,
+        cache: DecoderCache | None = None,
+        intermediates: Intermediates | None = None,
+    ) -> mx.array:
+        """Decoder hidden states (B, T, C) for target ids (B, T) given encoder states (B, S, C).
+        Without a cache, cross-attention K/V are projected here; with one, they come from it."""
+        want = intermediates is not None
+        offset = cache.offset if cache is not None else 0
+        cross_mask = cache.cross_mask if cache is not None else padding_mask(src_mask)
+        x = self._dec_embeddings()(tgt_ids, offset=offset)  # (B, T, C)
+        for i, (layer, shared) in enumerate(zip(self.decoder.layers, self._shared_layers())):
+            layer_cache = cache.layers[i] if cache is not None else None
+            cross_kv = layer_cache.cross_kv if layer_cache is not None else layer.cross_attn.project_kv(memory)
+            x, self_w, cross_w = layer(x, cross_kv, cross_mask, layer_cache, shared, return_weights=want)
+            if want:
+                intermediates.decoder.append(self_w)
+                intermediates.cross.append(cross_w)
+        return x
+
+    def lm_logits(self, h: mx.array) -> mx.array:
+        """Decoder states (..., C) -> vocabulary logits (..., V). Pass only the rows you need."""
+        return self._dec_lm_head()(h, self.encoder.embeddings.word)
+
+    def __call__(self, src_ids: mx.array, src_mask: mx.array, tgt_ids: mx.array) -> mx.array:
+        """Teacher-forced logits (B, T, V)."""
+        return self.lm_logits(self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask))
+
+    # -- generation ------------------------------------------------------------------------
+    def make_cache(self, memory: mx.array, src_mask: mx.array | None = None) -> DecoderCache:
+        """Project cross-attention K/V once per input; self-attention K/V start empty."""
+        layers = [LayerCache(layer.cross_attn.project_kv(memory)) for layer in self.decoder.layers]
+        return DecoderCache(layers, padding_mask(src_mask))
+
+    def decode_step(self, tokens: mx.array, cache: DecoderCache) -> mx.array:
+        """Next-token logits (B, V) for the newest tokens (B, 1), extending the cache."""
+        h = self.decode(tokens, None, cache=cache)  # (B, 1, C)
+        return self.lm_logits(h[:, -1])
+
+    def num_parameters(self) -> int:
+        from mlx.utils import tree_flatten
+
+        return sum(v.size for _, v in tree_flatten(self.parameters()))
+
+
+def _init_bert(_: str, module: nn.Module) -> None:
+    """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        module.weight = mx.random.normal(module.weight.shape) * 0.02
+        if "bias" in module:
+            module.bias = mx.zeros_like(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        module.weight = mx.ones_like(module.weight)
+        module.bias = mx.zeros_like(module.bias)

@@ -1,0 +1,90 @@
+"""Process-level set-up that must happen before `mlx.core` is imported.
+
+The Linux `mlx[cpu]` wheel links a reference BLAS (~5 GFLOP/s on a 4096x256x30522 matmul).
+Loading an optimized BLAS that exports `cblas_sgemm` with RTLD_GLOBAL *before* MLX is
+imported makes the dynamic linker resolve MLX's BLAS calls to it (~200 GFLOP/s measured).
+This module is imported first by `b2b/__init__.py`, so `import b2b` is enough.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import logging
+import os
+import platform
+import sys
+
+log = logging.getLogger(__name__)
+
+_BLAS: dict = {"name": "unknown", "path": None}
+
+
+def _linux_candidates() -> list[tuple[str, str]]:
+    """(name, path) pairs to try, best first: OpenBLAS measured faster than MKL on AMD here."""
+    found: list[tuple[str, str]] = []
+    override = os.environ.get("B2B_BLAS")
+    if override:
+        found.append(("B2B_BLAS", override))
+    for pattern in (
+        "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
+        "/usr/lib/*-linux-gnu/libopenblas.so.0",
+        "/usr/lib64/libopenblas.so.0",
+    ):
+        found += [("openblas", p) for p in sorted(glob.glob(pattern))]
+    lib = ctypes.util.find_library("openblas")
+    if lib:
+        found.append(("openblas", lib))
+    # The `mkl` wheel installs libmkl_rt into <prefix>/lib of the environment.
+    for prefix in {sys.prefix, sys.base_prefix}:
+        found += [("mkl", p) for p in sorted(glob.glob(os.path.join(prefix, "lib", "libmkl_rt.so*")))]
+    return found
+
+
+def _load_fast_blas() -> None:
+    if "mlx.core" in sys.modules:
+        _BLAS.update(name="unknown (mlx.core was imported before b2b)", path=None)
+        log.warning("mlx.core was imported before b2b: the fast BLAS could not be preloaded.")
+        return
+    if platform.system() == "Darwin":
+        _BLAS.update(name="accelerate", path=None)  # MLX uses Accelerate / Metal on macOS
+        return
+    if platform.system() != "Linux":
+        _BLAS.update(name="mlx-builtin", path=None)
+        return
+    if os.environ.get("B2B_BLAS", "").lower() == "none":
+        _BLAS.update(name="mlx-builtin (B2B_BLAS=none)", path=None)
+        return
+    for name, path in _linux_candidates():
+        try:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            lib.cblas_sgemm  # noqa: B018 - raises AttributeError when the symbol is absent
+        except (OSError, AttributeError):
+            continue
+        _BLAS.update(name=name, path=os.path.realpath(path))
+        return
+    _BLAS.update(name="mlx-builtin (reference BLAS, slow)", path=None)
+    log.warning(
+        "No optimized BLAS found: MLX on the CPU will be ~40x slower at matrix products. "
+        "Install one with `sudo apt-get install libopenblas0-pthread` (Debian/Ubuntu) "
+        "or `pip install mkl`, then restart."
+    )
+
+
+_load_fast_blas()
+
+
+def runtime_info() -> dict:
+    """MLX version, device, BLAS in use and platform, for logs and the demo's model_info."""
+    import mlx.core as mx
+
+    return {
+        "mlx": mx.__version__,
+        "device": str(mx.default_device()),
+        "metal": bool(mx.metal.is_available()) if hasattr(mx, "metal") else False,
+        "blas": _BLAS["name"],
+        "blas_path": _BLAS["path"],
+        "platform": f"{platform.system()} {platform.machine()}",
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
