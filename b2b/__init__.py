@@ -10,6 +10,7 @@ from .config import PRESETS, B2BConfig, ConfigError
 from .convert import ConversionError, load_hf_bert
 from .generate import DecodingConfig, DecodingError, Hypothesis, generate
 from .model import Bert2Bert, Intermediates
+from .rouge import RougeResult, lead3, rouge_scores
 from .summarize import AttentionMaps, InputError, StreamChunk, SummaryResult, stream_summarize, summarize
 from .tokenizer import Tokenizer, TokenizerError
 

@@ -1,0 +1,107 @@
+"""Checkpoint policy for runs: `RUN/checkpoints/step_NNNNNNN/` folders holding a b2b checkpoint
+plus `optimizer.safetensors` and `trainer_state.json`; keep the last K and the best."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+
+import mlx.core as mx
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_unflatten
+
+from b2b import Bert2Bert, Tokenizer, is_checkpoint, load_checkpoint, save_checkpoint
+
+log = logging.getLogger(__name__)
+_STEP_DIR = re.compile(r"^step_(\d{7,})$")
+STATE = "trainer_state.json"
+OPTIMIZER = "optimizer.safetensors"
+
+
+@dataclass
+class TrainerState:
+    """Everything besides weights and optimizer moments that a resumed run needs."""
+
+    task: str = ""  # "mlm" or "summarization"
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # data position: epoch and next micro-batch within it
+    batch_in_epoch: int = 0
+    seed: int = 0
+    best_metric: float | None = None
+    best_step: int | None = None
+    metric_name: str = ""
+    nonfinite_steps: int = 0
+    tokens_seen: int = 0
+    examples_seen: int = 0
+    wall_seconds: float = 0.0
+    last_eval: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, folder: str) -> "TrainerState":
+        with open(os.path.join(folder, STATE)) as f:
+            data = json.load(f)
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def step_dir(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, "checkpoints", f"step_{step:07d}")
+
+
+def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of the complete checkpoints of a run, oldest first."""
+    root = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        m = _STEP_DIR.match(name)
+        path = os.path.join(root, name)
+        if m and is_checkpoint(path) and os.path.isfile(os.path.join(path, STATE)):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def save_run_checkpoint(
+    run_dir: str, model: Bert2Bert, tokenizer: Tokenizer, optimizer: optim.Optimizer, state: TrainerState, dtype: str
+) -> str:
+    """Write the step's checkpoint atomically (weights, tokenizer, optimizer, trainer state)."""
+    opt_arrays = dict(tree_flatten(optimizer.state))
+    path = save_checkpoint(
+        model,
+        tokenizer,
+        step_dir(run_dir, state.step),
+        dtype=None if dtype == "float32" else dtype,
+        extra={STATE: asdict(state)},
+        arrays={OPTIMIZER: opt_arrays},
+    )
+    return path
+
+
+def prune_checkpoints(run_dir: str, keep_last: int, best_step: int | None) -> None:
+    """Delete all but the newest `keep_last` checkpoints and the best one."""
+    ckpts = list_checkpoints(run_dir)
+    keep = {s for s, _ in ckpts[-keep_last:]} if keep_last > 0 else set()
+    if best_step is not None:
+        keep.add(best_step)
+    for s, path in ckpts:
+        if s not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+    root = os.path.join(run_dir, "checkpoints")  # leftovers of a save killed mid-write
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        if name.endswith((".tmp", ".old")):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def restore(path: str, optimizer: optim.Optimizer) -> tuple[Bert2Bert, Tokenizer, TrainerState]:
+    """Model, tokenizer and trainer state from a run checkpoint; fills the optimizer's state."""
+    model, tokenizer = load_checkpoint(path)
+    opt_path = os.path.join(path, OPTIMIZER)
+    if os.path.isfile(opt_path):
+        optimizer.state = tree_unflatten(list(mx.load(opt_path).items()))
+    else:
+        log.warning("No %s in %s: the optimizer restarts from zero moments.", OPTIMIZER, path)
+    return model, tokenizer, TrainerState.load(path)

@@ -1,0 +1,566 @@
+"""Data loading and batching for pre-training (MLM, NSP) and summarization fine-tuning.
+
+numpy only: arrays leave here as int32 numpy and become `mx.array` in the training loop, so
+this module is testable without MLX. Local files are the main path; a name that is not a path
+goes to `datasets.load_dataset` for users with the network.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = (".tokens", ".txt", ".raw")  # preference order when one stem has several
+PAIR_SUFFIXES = (".jsonl.gz", ".jsonl", ".json", ".csv", ".parquet")
+# Split names as the official files spell them; `val` is what the shared CNN/DM folder uses.
+SPLIT_ALIASES = {
+    "train": ("train",),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test",),
+}
+# ` = Title = ` opens a WikiText article; ` = = Section = = ` lines stay inside it.
+_WIKI_TITLE = re.compile(r"^ ?= [^=].* = ?$")
+_WIKI_HEADING = re.compile(r"^ ?(= )+.* (= ?)+$")
+
+
+class DataError(ValueError):
+    """Unusable training data; the message is one sentence naming the file (and line)."""
+
+
+class DataFileNotFound(DataError, FileNotFoundError):
+    """A data path that does not exist (catchable as either parent)."""
+
+
+class TokenizerLike(Protocol):
+    """The slice of `b2b.tokenizer.Tokenizer` this module needs."""
+
+    pad_id: int
+    cls_id: int
+    sep_id: int
+
+    def encode_plain(self, texts: list[str]) -> list[list[int]]: ...
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def canonical_split(split: str) -> str:
+    """Map `val`/`valid`/`dev` to `validation` (the hub's name); other names pass through."""
+    for name, aliases in SPLIT_ALIASES.items():
+        if split in aliases:
+            return name
+    return split
+
+
+def _looks_like_path(source: str) -> bool:
+    """Hub names are `name` or `owner/name`; anything else that does not exist is a typo'd path."""
+    if source.endswith(TEXT_SUFFIXES + PAIR_SUFFIXES):
+        return True
+    return source.startswith(("/", ".", "~")) or source.count("/") > 1 or (os.sep != "/" and os.sep in source)
+
+
+def _split_of(filename: str) -> str | None:
+    """The split a file name mentions (`wiki.valid.tokens` -> validation), or None."""
+    words = re.split(r"[._\-]", os.path.basename(filename).lower())
+    for name, aliases in SPLIT_ALIASES.items():
+        if any(a in words for a in aliases):
+            return name
+    return None
+
+
+def _files_for_split(folder: str, suffixes: Sequence[str], split: str) -> list[str]:
+    """Files under `folder` (recursively, sorted) with a known suffix; if their names mention
+    splits, only those of `split`, so a WikiText folder does not mix train with test."""
+    found = sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(folder)
+        for name in names
+        if name.endswith(tuple(suffixes))
+    )
+    if any(_split_of(f) for f in found):
+        found = [f for f in found if _split_of(f) == canonical_split(split)]
+    # `wiki.valid.tokens` and `wiki.valid.raw` are the same text: keep the preferred suffix.
+    chosen: dict[str, tuple[int, str]] = {}
+    for f in found:
+        rank, suffix = next((k, s) for k, s in enumerate(suffixes) if f.endswith(s))
+        stem = f[: -len(suffix)]
+        chosen[stem] = min(chosen.get(stem, (rank, f)), (rank, f))
+    return sorted(f for _, f in chosen.values())
+
+
+def _load_hub(source: str, config: str | None, split: str, limit: int | None):
+    """`datasets.load_dataset(source, config, split=split)`, its failure turned into DataError."""
+    import datasets  # heavy; only online users pay for it
+
+    split = canonical_split(split)
+    try:
+        ds = datasets.load_dataset(source, config, split=split)
+    except (FileNotFoundError, ConnectionError, ValueError, OSError) as err:
+        raise DataError(
+            f"Could not load {source!r} (config {config!r}, split {split!r}) from the Hugging Face "
+            f"hub, and no local file of that name exists: {err}"
+        ) from err
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    return ds
+
+
+# --------------------------------------------------------------------------- plain text
+
+
+def split_documents(lines: Sequence[str]) -> list[str]:
+    """Lines -> documents. With WikiText ` = Title = ` lines, each title opens a document made
+    of the paragraphs (one per line) under it; headings and blank lines are dropped. Without
+    titles, blank lines separate documents."""
+    docs: list[str] = []
+    current: list[str] = []
+    wikitext = any(_WIKI_TITLE.match(line.rstrip("\n")) for line in lines)
+    for raw in lines:
+        line = raw.rstrip("\n")
+        text = line.strip()
+        if wikitext:
+            if _WIKI_TITLE.match(line):
+                if current:
+                    docs.append("\n".join(current))
+                current = []
+            elif text and not _WIKI_HEADING.match(line):
+                current.append(text)
+        elif text:
+            current.append(text)
+        elif current:
+            docs.append("\n".join(current))
+            current = []
+    if current:
+        docs.append("\n".join(current))
+    return docs
+
+
+def load_text_documents(
+    source: str, split: str = "train", config: str | None = None, limit: int | None = None
+) -> list[str]:
+    """Documents from a .txt/.tokens/.raw file, a folder of them (the files of `split` when
+    their names say), or a hub dataset with a `text` column (e.g. `wikitext`,
+    `wikitext-2-raw-v1`). At most `limit` documents."""
+    if os.path.isdir(source):
+        files = _files_for_split(source, TEXT_SUFFIXES, split)
+        if not files:
+            raise DataError(f"The folder {source} has no {'/'.join(TEXT_SUFFIXES)} files for split {split!r}.")
+    elif os.path.isfile(source):
+        files = [source]
+    elif _looks_like_path(source):
+        raise DataFileNotFound(f"The text file {source} does not exist.")
+    else:
+        ds = _load_hub(source, config, split, None)
+        if "text" not in ds.column_names:
+            raise DataError(f"The dataset {source!r} has no 'text' column; it has: {', '.join(ds.column_names)}.")
+        rows = list(ds["text"])
+        # WikiText on the hub is one line per row; other corpora are one document per row.
+        if any(_WIKI_TITLE.match(r.rstrip("\n")) for r in rows[:2000]):
+            docs = split_documents(rows)
+        else:
+            docs = [r.strip() for r in rows if r.strip()]
+        return _nonempty(docs[:limit], source)
+    docs = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            docs += split_documents(f.readlines())
+        if limit is not None and len(docs) >= limit:
+            break
+    log.info("Read %d documents from %d file(s) under %s.", len(docs[:limit]), len(files), source)
+    return _nonempty(docs[:limit], source)
+
+
+def _nonempty(docs: list[str], source: str) -> list[str]:
+    if not docs:
+        raise DataError(f"{source} contains no text documents.")
+    return docs
+
+
+# --------------------------------------------------------------------------- pre-training
+
+
+def _tokenize_docs(docs: list[str], tokenizer: TokenizerLike) -> list[np.ndarray]:
+    return [np.asarray(ids, dtype=np.int32) for ids in tokenizer.encode_plain(list(docs))]
+
+
+def pack_mlm_blocks(
+    docs: list[str], tokenizer: TokenizerLike, block_size: int, min_tokens: int = 8
+) -> np.ndarray:
+    """(N, block_size) int32 blocks `[CLS] tokens [SEP] [PAD]...`, each from ONE document (a
+    block never mixes two); only a document's last block is short, and dropped when under
+    `min_tokens` tokens (too little context to learn from)."""
+    if block_size < 4:
+        raise ValueError(f"block_size must be at least 4, got {block_size}.")
+    body = block_size - 2
+    pieces: list[np.ndarray] = []
+    for ids in _tokenize_docs(docs, tokenizer):
+        for start in range(0, len(ids), body):
+            piece = ids[start : start + body]
+            if len(piece) >= min(min_tokens, body):
+                pieces.append(piece)
+    if not pieces:
+        raise DataError(f"No document has at least {min_tokens} tokens, so there is nothing to pre-train on.")
+    blocks = np.full((len(pieces), block_size), tokenizer.pad_id, dtype=np.int32)
+    for row, piece in zip(blocks, pieces):
+        row[0] = tokenizer.cls_id
+        row[1 : len(piece) + 1] = piece
+        row[len(piece) + 1] = tokenizer.sep_id
+    return blocks  # (N, block_size)
+
+
+def make_nsp_pairs(
+    docs: list[str], tokenizer: TokenizerLike, block_size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Next-sentence pairs `[CLS] A [SEP] B [SEP]`: A is a segment of a document, B the segment
+    that follows it with probability 1/2 (is_next=1), else a random segment of another document
+    (is_next=0). Returns ids (N, T), segment_ids (N, T) (0 for `[CLS] A [SEP]`, 1 for `B [SEP]`,
+    0 on padding) and is_next (N,), all int32."""
+    half = (block_size - 3) // 2  # room for [CLS] A [SEP] B [SEP]
+    if half < 1:
+        raise ValueError(f"block_size must be at least 5 for NSP pairs, got {block_size}.")
+    segments = [[ids[i : i + half] for i in range(0, len(ids), half)] for ids in _tokenize_docs(docs, tokenizer)]
+    usable = [d for d, segs in enumerate(segments) if segs]
+    if len(usable) < 2:
+        raise DataError("NSP pairs need at least two non-empty documents for the random-segment half.")
+    anchors = [(d, i) for d in usable for i in range(len(segments[d]) - 1)]
+    if not anchors:
+        raise DataError(f"No document is longer than {half} tokens, so no segment has a true next segment.")
+    n = len(anchors)
+    is_next = (rng.random(n) < 0.5).astype(np.int32)
+    other_doc = rng.integers(0, len(usable) - 1, size=n)
+    ids = np.full((n, block_size), tokenizer.pad_id, dtype=np.int32)
+    seg = np.zeros((n, block_size), dtype=np.int32)
+    position = {d: k for k, d in enumerate(usable)}
+    for row, ((d, i), nxt, pick) in enumerate(zip(anchors, is_next, other_doc)):
+        a = segments[d][i]
+        if nxt:
+            b = segments[d][i + 1]
+        else:
+            other = usable[pick + (pick >= position[d])]  # any usable document but this one
+            b = segments[other][rng.integers(len(segments[other]))]
+        la, lb = len(a), len(b)
+        ids[row, 0] = tokenizer.cls_id
+        ids[row, 1 : 1 + la] = a
+        ids[row, 1 + la] = tokenizer.sep_id
+        ids[row, 2 + la : 2 + la + lb] = b
+        ids[row, 2 + la + lb] = tokenizer.sep_id
+        seg[row, 2 + la : 3 + la + lb] = 1
+    return ids, seg, is_next
+
+
+# --------------------------------------------------------------------------- summarization
+
+
+@dataclass
+class SummarizationData:
+    """Article/summary pairs; multi-sentence summaries are joined with "\\n"."""
+
+    articles: list[str]
+    summaries: list[str]
+    skipped_empty: int = 0
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.articles)
+
+
+def _as_text(value: object) -> str:
+    """A field value as text: a list of sentences is joined with newlines (the PTB layout)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return "\n".join(s for s in (str(v).strip() for v in value) if s)
+    return str(value).strip()
+
+
+def _missing_field(where: str, missing: str, have: Sequence[str]) -> DataError:
+    return DataError(f"{where} has no field {missing!r}; its fields are: {', '.join(map(str, have)) or 'none'}.")
+
+
+def _json_rows(path: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) per JSON line of a .jsonl/.jsonl.gz/.json file; a .json file that
+    holds one array is accepted too."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        first = True
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if first and line.lstrip().startswith("["):
+                try:
+                    rows = json.loads(line + f.read())
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path} is not valid JSON (line {err.lineno}): {err.msg}.") from err
+                yield from enumerate(rows, 1)
+                return
+            first = False
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path} line {number} is not valid JSON: {err.msg} (column {err.colno}).") from err
+
+
+def _csv_rows(path: str) -> Iterator[tuple[int, dict]]:
+    csv.field_size_limit(1 << 30)  # articles are far longer than csv's 128 KB default limit
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _parquet_columns(path: str, fields: Sequence[str]) -> tuple[list, list]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    names = parquet.schema_arrow.names
+    for name in fields:
+        if name not in names:
+            raise _missing_field(path, name, names)
+    table = parquet.read(columns=list(fields))
+    return table.column(fields[0]).to_pylist(), table.column(fields[1]).to_pylist()
+
+
+def _resolve_pair_file(source: str, split: str) -> str | None:
+    """The file to read for `source` (a file, or a folder holding `train.jsonl.gz`,
+    `val.jsonl.gz`, ...), None for a hub name."""
+    if os.path.isfile(source):
+        return source
+    if os.path.isdir(source):
+        aliases = SPLIT_ALIASES.get(canonical_split(split), (split,))
+        for name in aliases:
+            for suffix in PAIR_SUFFIXES:
+                path = os.path.join(source, name + suffix)
+                if os.path.isfile(path):
+                    return path
+        raise DataFileNotFound(f"The folder {source} has no {split} file (looked for {aliases[0]}.jsonl.gz and similar).")
+    if _looks_like_path(source):
+        raise DataFileNotFound(f"The data file {source} does not exist.")
+    return None
+
+
+def load_summarization_pairs(
+    source: str,
+    article_field: str = "article",
+    summary_field: str = "highlights",
+    split: str = "train",
+    config: str | None = None,
+    limit: int | None = None,
+) -> SummarizationData:
+    """Article/summary pairs from .jsonl(.gz)/.json/.csv/.parquet, a folder of split files, or
+    a hub dataset (e.g. `cnn_dailymail`, config `3.0.0`). Pairs with an empty article or
+    summary are skipped and counted; at most `limit` usable pairs are kept."""
+    path = _resolve_pair_file(source, split)
+    fields = (article_field, summary_field)
+    if path is None:
+        ds = _load_hub(source, config, split, limit)
+        for name in fields:
+            if name not in ds.column_names:
+                raise _missing_field(f"The dataset {source!r}", name, ds.column_names)
+        pairs: Iterator[tuple[object, object]] = zip(ds[article_field], ds[summary_field])
+    elif path.endswith(".parquet"):
+        pairs = zip(*_parquet_columns(path, fields))
+    else:
+        rows = _csv_rows(path) if path.endswith(".csv") else _json_rows(path)
+        pairs = _checked_pairs(rows, path, fields)
+    data = SummarizationData([], [], 0, source if path is None else path)
+    for article, summary in pairs:
+        article, summary = _as_text(article), _as_text(summary)
+        if not article or not summary:
+            data.skipped_empty += 1
+            continue
+        data.articles.append(article)
+        data.summaries.append(summary)
+        if limit is not None and len(data.articles) >= limit:
+            break
+    if not data.articles:
+        raise DataError(f"{data.source} has no usable pairs ({data.skipped_empty} had an empty article or summary).")
+    if data.skipped_empty:
+        log.info("Skipped %d pairs with an empty article or summary in %s.", data.skipped_empty, data.source)
+    return data
+
+
+def _checked_pairs(
+    rows: Iterator[tuple[int, dict]], path: str, fields: tuple[str, str]
+) -> Iterator[tuple[object, object]]:
+    a, s = fields
+    for number, row in rows:
+        if not isinstance(row, dict):
+            raise DataError(f"{path} line {number} is a JSON {type(row).__name__}, not an object.")
+        try:
+            yield row[a], row[s]
+        except KeyError as err:
+            raise _missing_field(f"{path} line {number}", err.args[0], list(row)) from None
+
+
+@dataclass
+class TokenizedPairs:
+    """Token ids per pair: `[CLS] article [SEP]` and `[CLS] summary [SEP]` (decoder input is
+    target[:-1], labels target[1:]; the caller shifts)."""
+
+    sources: list[np.ndarray]
+    targets: list[np.ndarray]
+    num_truncated_sources: int = 0
+    num_truncated_targets: int = 0
+    source_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+def encode_prefixes(
+    texts: list[str], tokenizer: TokenizerLike, max_tokens: int, chars_per_token: float = 5.5
+) -> tuple[list[list[int]], np.ndarray]:
+    """The first `max_tokens` token ids of each text and whether more followed. Exact, but
+    ~1.5x faster on news articles than encoding them whole: each text is cut at a space after
+    about `max_tokens * chars_per_token` characters (WordPiece never joins across a space, so
+    the kept tokens are the same); a text whose cut yields too few tokens is cut again 1.5x
+    longer. Returns (ids, truncated (N,) bool)."""
+    ids: list[list[int]] = [[] for _ in texts]
+    truncated = np.zeros(len(texts), dtype=bool)
+    pending = list(range(len(texts)))
+    limit = int((max_tokens + 1) * chars_per_token)
+    while pending:
+        cut = []
+        for k in pending:
+            end = texts[k].find(" ", limit) if len(texts[k]) > limit else -1
+            cut.append(texts[k] if end < 0 else texts[k][:end])
+        retry = []
+        for k, piece, x in zip(pending, cut, tokenizer.encode_plain(cut)):
+            if len(x) > max_tokens:
+                ids[k], truncated[k] = x[:max_tokens], True
+            elif len(piece) == len(texts[k]):
+                ids[k] = x
+            else:  # the cut came too early for this text: more characters per token
+                retry.append(k)
+        pending, limit = retry, int(limit * 1.5)
+    return ids, truncated
+
+
+def tokenize_pairs(
+    data: SummarizationData, tokenizer: TokenizerLike, max_source_len: int, max_target_len: int
+) -> TokenizedPairs:
+    """Tokenize every pair to `[CLS] ... [SEP]`, sources truncated to `max_source_len` and
+    targets to `max_target_len` tokens (the final [SEP] is kept so the decoder learns to stop)."""
+    if max_source_len < 3 or max_target_len < 3:
+        raise ValueError(f"max_source_len and max_target_len must be at least 3, got {max_source_len}, {max_target_len}.")
+    cls, sep = tokenizer.cls_id, tokenizer.sep_id
+
+    def wrap(body: list[int]) -> np.ndarray:
+        out = np.empty(len(body) + 2, dtype=np.int32)
+        out[0], out[1:-1], out[-1] = cls, body, sep
+        return out
+
+    sources: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    src_cut, tgt_cut = 0, 0
+    # Chunks bound the memory of the tokenizer's Encoding objects and drive the progress bar.
+    chunk = 4096
+    bar = tqdm(total=len(data), desc="tokenizing", unit=" pairs", disable=len(data) <= chunk)
+    for start in range(0, len(data), chunk):
+        ids, cut = encode_prefixes(data.articles[start : start + chunk], tokenizer, max_source_len - 2)
+        sources += [wrap(x) for x in ids]
+        src_cut += int(cut.sum())
+        ids, cut = encode_prefixes(data.summaries[start : start + chunk], tokenizer, max_target_len - 2)
+        targets += [wrap(x) for x in ids]
+        tgt_cut += int(cut.sum())
+        bar.update(len(ids))
+    bar.close()
+    result = TokenizedPairs(
+        sources, targets, src_cut, tgt_cut,
+        np.fromiter((len(s) for s in sources), dtype=np.int32, count=len(sources)),
+    )
+    log.info(
+        "Tokenized %d pairs: %d articles truncated to %d tokens, %d summaries to %d.",
+        len(result), result.num_truncated_sources, max_source_len, result.num_truncated_targets, max_target_len,
+    )
+    return result
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def _length_sorted_chunks(lengths: np.ndarray, chunk: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Shuffled indices cut into chunks of `chunk`, each sorted by length: similar lengths share
+    a batch (little padding) while the data order stays random at the scale of chunks."""
+    order = rng.permutation(len(lengths))
+    for start in range(0, len(order), chunk):
+        part = order[start : start + chunk]
+        yield part[np.argsort(lengths[part], kind="stable")]
+
+
+def bucketed_batches(
+    lengths: np.ndarray,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    bucket_size_multiplier: int = 50,
+    drop_last: bool = False,
+) -> list[np.ndarray]:
+    """Batches of indices, deterministic for (seed, epoch) so a resumed run can skip to batch
+    k of epoch e and see the same data. Every index appears once (unless `drop_last` drops
+    the short batches)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}.")
+    lengths = np.asarray(lengths)
+    rng = np.random.default_rng([seed, epoch])
+    batches = [
+        sorted_chunk[i : i + batch_size]
+        for sorted_chunk in _length_sorted_chunks(lengths, batch_size * bucket_size_multiplier, rng)
+        for i in range(0, len(sorted_chunk), batch_size)
+    ]
+    if drop_last:
+        batches = [b for b in batches if len(b) == batch_size]
+    return [batches[k] for k in rng.permutation(len(batches))]
+
+
+def token_budget_batches(
+    lengths: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    bucket_size_multiplier: int = 50,
+    pad_to_multiple: int = 8,
+) -> list[np.ndarray]:
+    """Like `bucketed_batches`, but each batch holds as many sequences as fit in `max_tokens`
+    padded tokens (batch size x padded length), so short inputs get big batches. A sequence
+    longer than the budget gets a batch of its own."""
+    lengths = np.asarray(lengths)
+    rng = np.random.default_rng([seed, epoch])
+    # Chunk size from the mean length, so a chunk still spans ~multiplier batches.
+    typical = max(1, int(max_tokens // max(1.0, float(lengths.mean()) if len(lengths) else 1.0)))
+    batches: list[np.ndarray] = []
+    for part in _length_sorted_chunks(lengths, typical * bucket_size_multiplier, rng):
+        start = 0
+        for end in range(1, len(part) + 1):
+            padded = -(-int(lengths[part[end - 1]]) // pad_to_multiple) * pad_to_multiple
+            if end - start > 1 and (end - start) * padded > max_tokens:
+                batches.append(part[start : end - 1])
+                start = end - 1
+        if start < len(part):
+            batches.append(part[start:])
+    return [batches[k] for k in rng.permutation(len(batches))]
+
+
+def collate(seqs: Sequence[np.ndarray], pad_id: int, pad_to_multiple: int = 8) -> np.ndarray:
+    """(B, T) int32, right-padded with `pad_id`; T is rounded up to a multiple of
+    `pad_to_multiple` so the compiled step sees few distinct shapes."""
+    if not len(seqs):
+        raise ValueError("collate needs at least one sequence.")
+    longest = max(len(s) for s in seqs)
+    width = max(pad_to_multiple, -(-longest // pad_to_multiple) * pad_to_multiple)
+    out = np.full((len(seqs), width), pad_id, dtype=np.int32)
+    for row, s in zip(out, seqs):
+        row[: len(s)] = s
+    return out  # (B, T)

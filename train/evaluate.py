@@ -1,0 +1,160 @@
+"""ROUGE evaluation shared by fine-tuning, the app's ROUGE tab and the command line:
+
+    python -m train.evaluate --checkpoint DIR --data FILE [--limit N] [--num-beams K]
+
+Scores the model and a Lead-3 baseline on the same articles with the same code
+(b2b.rouge: ROUGE-1/2/Lsum F1, stemmed, sentences split by newline)."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from b2b import Bert2Bert, Tokenizer, lead3, load_checkpoint, rouge_scores, summarize
+
+from .data import load_summarization_pairs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalReport:
+    model: dict[str, float]  # rouge1, rouge2, rougeLsum (F1 x 100)
+    lead3: dict[str, float]
+    rows: list[dict] = field(default_factory=list)  # per example: article start, reference, generated, scores
+    n: int = 0
+    seconds: float = 0.0
+    settings: dict = field(default_factory=dict)
+
+    def table(self) -> str:
+        lines = [f"{'':10} {'ROUGE-1':>8} {'ROUGE-2':>8} {'ROUGE-Lsum':>10}"]
+        for name, sc in (("model", self.model), ("lead-3", self.lead3)):
+            lines.append(f"{name:10} {sc['rouge1']:8.2f} {sc['rouge2']:8.2f} {sc['rougeLsum']:10.2f}")
+        lines.append(f"{self.n} articles, {self.seconds:.0f} s")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"n": self.n, "seconds": round(self.seconds, 1), "model": self.model, "lead3": self.lead3, "settings": self.settings}
+
+    def write_csv(self, path: str) -> None:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(self.rows[0]))
+            w.writeheader()
+            w.writerows(self.rows)
+
+
+def generate_summaries(
+    model: Bert2Bert,
+    tokenizer: Tokenizer,
+    articles: list[str],
+    batch_size: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+    **decoding,
+) -> list[str]:
+    """Summaries for many articles, batched; articles are grouped by length (less padding)
+    and returned in the input order. `progress(done, total)` is called after each batch."""
+    order = np.argsort([len(a) for a in articles], kind="stable")
+    out: list[str] = [""] * len(articles)
+    for start in range(0, len(articles), batch_size):
+        idx = order[start : start + batch_size]
+        results = summarize(model, tokenizer, [articles[i] for i in idx], **decoding)
+        for i, r in zip(idx, results):
+            out[i] = r.text
+        if progress:
+            progress(min(start + batch_size, len(articles)), len(articles))
+    return out
+
+
+def evaluate_rouge(
+    model: Bert2Bert,
+    tokenizer: Tokenizer,
+    articles: list[str],
+    references: list[str],
+    batch_size: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+    **decoding,
+) -> EvalReport:
+    """Generate, then score model and Lead-3 on the same articles with the same scorer."""
+    if not articles or len(articles) != len(references):
+        raise ValueError("Need the same, non-zero number of articles and references.")
+    start = time.perf_counter()
+    generated = generate_summaries(model, tokenizer, articles, batch_size, progress, **decoding)
+    scored = rouge_scores(generated, references)
+    baseline = rouge_scores([lead3(a) for a in articles], references)
+    rows = [
+        {
+            "article": a[:300],
+            "reference": r,
+            "generated": g,
+            **{k: round(v, 2) for k, v in per.items()},
+        }
+        for a, r, g, per in zip(articles, references, generated, scored.per_example)
+    ]
+    return EvalReport(
+        _means(scored), _means(baseline), rows, len(articles), time.perf_counter() - start, dict(decoding, batch_size=batch_size)
+    )
+
+
+def _means(r) -> dict[str, float]:
+    return {"rouge1": round(r.rouge1, 2), "rouge2": round(r.rouge2, 2), "rougeLsum": round(r.rougeLsum, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="b2b checkpoint folder")
+    p.add_argument("--data", required=True, help="JSONL / JSONL.GZ / CSV / Parquet file, or a hub dataset name")
+    p.add_argument("--split", default="test")
+    p.add_argument("--article-field", default="article")
+    p.add_argument("--summary-field", default="highlights")
+    p.add_argument("--limit", type=int, default=1000, help="first N articles (0: all)")
+    p.add_argument("--num-beams", type=int, default=1)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--min-length", type=int, default=0)
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--no-repeat-ngram-size", type=int, default=3)
+    p.add_argument("--max-source-length", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--out", default="", help="write the report as JSON here (and per-example CSV beside it)")
+    a = p.parse_args(argv)
+    try:
+        from tqdm import tqdm
+
+        model, tokenizer = load_checkpoint(a.checkpoint)
+        data = load_summarization_pairs(a.data, a.article_field, a.summary_field, split=a.split, limit=a.limit or None)
+        bar = tqdm(total=len(data), desc="summarizing", dynamic_ncols=True)
+        report = evaluate_rouge(
+            model, tokenizer, data.articles, data.summaries, a.batch_size,
+            progress=lambda done, total: bar.update(done - bar.n),
+            num_beams=a.num_beams, max_length=a.max_length, min_length=a.min_length,
+            length_penalty=a.length_penalty, no_repeat_ngram_size=a.no_repeat_ngram_size,
+            max_source_length=a.max_source_length,
+        )
+        bar.close()
+    except (ValueError, FileNotFoundError) as e:
+        log.error("%s", e)
+        return 2
+    report.settings.update(checkpoint=os.path.abspath(a.checkpoint), data=a.data, limit=a.limit)
+    print(report.table())
+    out = a.out or os.path.join(a.checkpoint, f"eval_{os.path.basename(a.data).split('.')[0]}_beam{a.num_beams}.json")
+    try:
+        with open(out, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+        report.write_csv(os.path.splitext(out)[0] + ".csv")
+        print(f"wrote {out}")
+    except OSError as e:
+        log.warning("Could not write the report to %s: %s", out, e)
+    print(json.dumps(report.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

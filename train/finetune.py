@@ -1,0 +1,144 @@
+"""Summarization fine-tuning of BERT2BERT (or BERTShare with --share).
+
+    python -m train.finetune --init ../shared/models/minilm-l6-h384-uncased \\
+        --data ../shared/data/cnndm/train.jsonl.gz --val-data ../shared/data/cnndm/val.jsonl.gz --out logs/cnndm
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from b2b import Bert2Bert, Tokenizer
+
+from .data import bucketed_batches, collate, load_summarization_pairs, tokenize_pairs
+from .evaluate import evaluate_rouge
+from .init import build_model
+from .loop import Batch, TrainingStopped, run
+from .losses import seq2seq_loss
+from .settings import TrainSettings, parse_settings
+from .writer import MetricWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FinetuneSettings(TrainSettings):
+    data: str = field(default="tests/fixtures/cnndm_tok_sample.jsonl.gz", metadata={"help": "JSONL/JSONL.GZ/CSV/Parquet, or a hub dataset name"})
+    data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. 3.0.0 for cnn_dailymail"})
+    val_data: str = field(default="", metadata={"help": "validation pairs (default: hold out 2%% of --data)"})
+    article_field: str = "article"
+    summary_field: str = "highlights"
+    limit: int = field(default=0, metadata={"help": "use only the first N training pairs (0: all)"})
+    max_source_len: int = 512
+    max_target_len: int = 128
+    share: bool = field(default=False, metadata={"help": "BERTShare: the decoder reuses the encoder's weights"})
+    label_smoothing: float = 0.0
+    val_examples: int = field(default=200, metadata={"help": "validation pairs for val/loss"})
+    rouge_examples: int = field(default=50, metadata={"help": "validation articles summarized for ROUGE (0: none)"})
+    eval_num_beams: int = 1
+    samples: int = field(default=3, metadata={"help": "sample summaries written as text at each evaluation"})
+    lr: float = 5e-5
+    batch_size: int = 8
+    out: str = "logs/finetune"
+
+
+class SummarizationTask:
+    name = "summarization"
+    higher_is_better = True
+
+    def __init__(self, s: FinetuneSettings, tokenizer: Tokenizer, max_positions: int):
+        self.s, self.tok = s, tokenizer
+        src_len = min(s.max_source_len, max_positions)
+        tgt_len = min(s.max_target_len, max_positions)
+        fields = dict(article_field=s.article_field, summary_field=s.summary_field, config=s.data_config or None)
+        data = load_summarization_pairs(s.data, split="train", limit=s.limit or None, **fields)
+        if s.val_data:
+            val = load_summarization_pairs(s.val_data, split="validation", limit=max(s.val_examples, s.rouge_examples), **fields)
+        else:
+            cut = max(1, len(data) * 2 // 100)
+            val = type(data)(data.articles[-cut:], data.summaries[-cut:], 0, data.source)
+            data = type(data)(data.articles[:-cut], data.summaries[:-cut], data.skipped_empty, data.source)
+        if data.skipped_empty:
+            log.info("Skipped %d pairs with an empty article or summary.", data.skipped_empty)
+        self.train = tokenize_pairs(data, tokenizer, src_len, tgt_len)
+        self.val = tokenize_pairs(val, tokenizer, src_len, tgt_len)
+        self.val_text = val
+        self.src_len = src_len
+        self.metric = "val/rouge2" if s.rouge_examples else "val/loss"
+        self.higher_is_better = bool(s.rouge_examples)
+        self._epoch_batches: tuple[int, list[np.ndarray]] | None = None
+
+    def _batches(self, epoch: int) -> list[np.ndarray]:
+        if self._epoch_batches is None or self._epoch_batches[0] != epoch:
+            lengths = self.train.source_lengths
+            self._epoch_batches = (epoch, bucketed_batches(lengths, self.s.batch_size, self.s.seed, epoch, drop_last=True))
+        return self._epoch_batches[1]
+
+    def num_batches(self) -> int:
+        return len(self._batches(0))
+
+    def _collate(self, data, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # Multiples of 32/16: few distinct shapes, so the compiled step is reused.
+        src = collate([data.sources[i] for i in rows], self.tok.pad_id, pad_to_multiple=32)
+        tgt = collate([data.targets[i] for i in rows], self.tok.pad_id, pad_to_multiple=16)
+        tgt = np.concatenate([tgt, np.full((len(rows), 1), self.tok.pad_id, np.int32)], axis=1)  # labels shift
+        return src, (src != self.tok.pad_id).astype(np.int32), tgt
+
+    def batch(self, epoch: int, index: int, step: int) -> Batch:
+        rows = self._batches(epoch)[index]
+        src, mask, tgt = self._collate(self.train, rows)
+        return Batch((src, mask, tgt), int(mask.sum() + (tgt != self.tok.pad_id).sum()), len(rows))
+
+    def loss(self, model: Bert2Bert, src, mask, tgt):
+        return seq2seq_loss(model, src, mask, tgt, self.s.label_smoothing)
+
+    def train_metrics(self, aux) -> dict[str, float]:
+        return {}
+
+    def evaluate(self, model: Bert2Bert, step: int, writer: MetricWriter) -> dict[str, float]:
+        total, count = 0.0, 0.0
+        n_val = min(len(self.val), self.s.val_examples)
+        order = np.argsort(self.val.source_lengths[:n_val], kind="stable")
+        for start in range(0, n_val, self.s.batch_size):
+            rows = order[start : start + self.s.batch_size]
+            src, mask, tgt = (mx.array(a) for a in self._collate(self.val, rows))
+            _, (loss, n) = seq2seq_loss(model, src, mask, tgt)  # no smoothing: comparable losses
+            total += loss.item() * n.item()
+            count += n.item()
+        metrics = {"val/loss": total / max(count, 1.0)}
+        k = min(self.s.rouge_examples, len(self.val_text))
+        if k:
+            report = evaluate_rouge(
+                model, self.tok, self.val_text.articles[:k], self.val_text.summaries[:k], self.s.batch_size,
+                num_beams=self.s.eval_num_beams, max_length=self.s.max_target_len, max_source_length=self.src_len,
+            )
+            metrics.update({f"val/{k2}": v for k2, v in report.model.items()})
+            samples = "\n\n".join(
+                f"**Reference:** {r['reference']}\n\n**Generated:** {r['generated']}" for r in report.rows[: self.s.samples]
+            )
+            writer.text("val/samples", samples, step)
+        return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    s = parse_settings(FinetuneSettings, argv, description="Fine-tune BERT2BERT for summarization.")
+    try:
+        model, tokenizer = build_model(s, share=s.share)
+        task = SummarizationTask(s, tokenizer, model.config.max_positions)
+        run(model, tokenizer, task, s, s.out)
+    except TrainingStopped as e:
+        log.error("%s", e)
+        return 1
+    except (ValueError, FileNotFoundError) as e:
+        log.error("%s", e)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

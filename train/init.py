@@ -1,0 +1,61 @@
+"""Where a run's weights come from: nothing (--preset), a b2b checkpoint, or a Hugging Face BERT."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import mlx.core as mx
+
+from b2b import B2BConfig, Bert2Bert, Tokenizer, load_checkpoint, load_hf_bert
+from b2b.convert import resolve_hf_folder
+
+from .settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+
+def copy_encoder_into_decoder(model: Bert2Bert) -> None:
+    """Warm-start the decoder from the encoder (Rothe et al. 2020): self-attention, FFN, norms,
+    position/segment embeddings and the LM head; cross-attention keeps its fresh weights."""
+    if model.config.share_encoder_decoder:
+        return  # BERTShare already uses the encoder's weights
+    enc, dec = model.encoder, model.decoder
+    for d, e in zip(dec.layers, enc.layers):
+        for name in ("self_attn", "self_attn_norm", "ffn", "ffn_norm"):
+            d[name].update(e[name].parameters())
+    for name in ("position", "token_type", "norm"):
+        dec.embeddings[name].update(enc.embeddings[name].parameters())
+    dec.lm_head.update(enc.mlm_head.parameters())
+
+
+def build_model(s: TrainSettings, share: bool = False) -> tuple[Bert2Bert, Tokenizer]:
+    """The model a run starts from. `--init` may name a b2b checkpoint (an MLM-pretrained one
+    also warm-starts the decoder from its encoder) or a Hugging Face BERT folder / hub id."""
+    overrides = {"dropout": s.dropout} if s.dropout >= 0 else {}
+    if share:
+        overrides["share_encoder_decoder"] = True
+    if not s.init:
+        mx.random.seed(s.seed)
+        cfg = B2BConfig.preset(s.preset, **overrides)
+        return Bert2Bert(cfg), Tokenizer.default()
+    folder = s.init if os.path.isdir(s.init) else resolve_hf_folder(s.init)
+    with open(os.path.join(folder, "config.json")) as f:
+        is_hf = "model_type" in json.load(f)
+    mx.random.seed(s.seed)  # the fresh parts (cross-attention) are seeded too
+    if is_hf:
+        log.info("Warm start from the Hugging Face BERT in %s (encoder and decoder).", folder)
+        return load_hf_bert(folder, **overrides), Tokenizer.from_pretrained(folder)
+    loaded, tokenizer = load_checkpoint(folder)
+    model = Bert2Bert(loaded.config.replace(**overrides))
+    if model.config.share_encoder_decoder and not loaded.config.share_encoder_decoder:
+        model.encoder.update(loaded.encoder.parameters())  # BERTShare keeps only the encoder
+    else:
+        model.update(loaded.parameters())
+    state_path = os.path.join(folder, "trainer_state.json")
+    if os.path.isfile(state_path):
+        with open(state_path) as f:
+            if json.load(f).get("task") == "mlm":
+                log.info("Initialising the decoder from the MLM-pretrained encoder of %s.", folder)
+                copy_encoder_into_decoder(model)
+    return model, tokenizer

@@ -1,0 +1,233 @@
+"""The one training loop behind `train.pretrain` and `train.finetune`.
+
+A task supplies batches (deterministic per epoch, so a resumed run sees the same data), a loss
+and an evaluation; the loop owns the optimizer, schedule, compiled steps, gradient
+accumulation and clipping, metrics, checkpoints, resume, Ctrl-C and non-finite losses."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Protocol, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_map
+from tqdm import tqdm
+
+from b2b import Bert2Bert, Tokenizer, runtime_info
+
+from .checkpoints import TrainerState, list_checkpoints, prune_checkpoints, restore, save_run_checkpoint
+from .settings import TrainSettings
+from .writer import MetricWriter
+
+log = logging.getLogger(__name__)
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot go on (repeated non-finite losses); the last good checkpoint is kept."""
+
+
+@dataclass
+class Batch:
+    arrays: tuple  # numpy arrays handed to the task's loss after conversion to mx
+    tokens: int  # real (non-pad) tokens, for tokens/s
+    examples: int
+
+
+class Task(Protocol):
+    name: str  # "mlm" or "summarization"
+    metric: str  # "val/..." tag that picks the best checkpoint
+    higher_is_better: bool
+
+    def num_batches(self) -> int: ...
+    def batch(self, epoch: int, index: int, step: int) -> Batch: ...
+    def loss(self, model: Bert2Bert, *arrays: mx.array) -> tuple[mx.array, tuple[mx.array, ...]]: ...
+    def train_metrics(self, aux: Sequence[float]) -> dict[str, float]: ...
+    def evaluate(self, model: Bert2Bert, step: int, writer: MetricWriter) -> dict[str, float]: ...
+
+
+def make_schedule(s: TrainSettings, total_steps: int) -> Callable:
+    warmup = min(s.warmup_steps, max(total_steps - 1, 0))
+    decay_steps = max(total_steps - warmup, 1)
+    if s.schedule == "cosine":
+        decay = optim.cosine_decay(s.lr, decay_steps, end=s.lr * 0.01)
+    elif s.schedule == "linear":
+        decay = optim.linear_schedule(s.lr, s.lr * 0.01, decay_steps)
+    else:
+        decay = lambda _: s.lr  # noqa: E731
+    if warmup == 0:
+        return decay
+    return optim.join_schedules([optim.linear_schedule(s.lr * 0.01, s.lr, warmup), decay], [warmup])
+
+
+class _StopFlag:
+    """Ctrl-C / SIGTERM ask the loop to save and leave after the current step."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self._old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second Ctrl-C: leave now
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("Stopping: saving a checkpoint after this step (Ctrl-C again to abort without saving).")
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def run(
+    model: Bert2Bert,
+    tokenizer: Tokenizer,
+    task: Task,
+    s: TrainSettings,
+    run_dir: str,
+    progress: bool = True,
+) -> TrainerState:
+    """Train `model` on `task` with settings `s`, writing events, metrics and checkpoints in
+    `run_dir`. With `s.resume`, the newest complete checkpoint there is restored first."""
+    os.makedirs(run_dir, exist_ok=True)
+    per_epoch = task.num_batches() // s.grad_accum
+    if per_epoch < 1:
+        raise ValueError(f"Not enough data for one optimizer step: {task.num_batches()} batches, --grad-accum {s.grad_accum}.")
+    total = s.max_steps or math.ceil(s.epochs * per_epoch)
+    optimizer = optim.AdamW(learning_rate=make_schedule(s, total), weight_decay=s.weight_decay)
+    state = TrainerState(task=task.name, seed=s.seed, metric_name=task.metric)
+    checkpoints = list_checkpoints(run_dir)
+    if s.resume and checkpoints:
+        model, tokenizer, state = restore(checkpoints[-1][1], optimizer)
+        log.info("Resumed %s at step %d (epoch %d, batch %d).", checkpoints[-1][1], state.step, state.epoch, state.batch_in_epoch)
+    elif s.resume:
+        log.warning("--resume: no checkpoint in %s yet, starting from scratch.", run_dir)
+    elif checkpoints:
+        raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue it, or choose another --out.")
+    model.train()
+    s.save(run_dir)
+
+    loss_and_grad = nn.value_and_grad(model, task.loss)
+    mstate = [model.state, optimizer.state, mx.random.state]
+
+    @partial(mx.compile, inputs=mstate, outputs=mstate)
+    def grad_step(*arrays):
+        (loss, aux), grads = loss_and_grad(model, *arrays)
+        return loss, aux, grads
+
+    @partial(mx.compile, inputs=mstate, outputs=mstate)
+    def apply_step(grads):
+        grads, norm = optim.clip_grad_norm(grads, s.clip_norm) if s.clip_norm > 0 else (grads, mx.array(0.0))
+        optimizer.update(model, grads)
+        return norm
+
+    writer = MetricWriter(run_dir, flush_secs=s.flush_secs, purge_step=state.step + 1 if s.resume else None)
+    writer.hparams({"settings": vars(s), "model": model.config.to_dict(), "runtime": runtime_info(), "task": task.name})
+    log.info("Training %s: %d steps (%d per epoch), %.1fM parameters, BLAS %s.", task.name, total, per_epoch,
+             model.num_parameters() / 1e6, runtime_info()["blas"])
+    bar = tqdm(total=total, initial=state.step, disable=not progress, dynamic_ncols=True, desc=task.name)
+    window = {"tokens": 0, "time": 0.0, "loss": [], "aux": []}
+    consecutive_bad = 0
+
+    def save() -> None:
+        save_run_checkpoint(run_dir, model, tokenizer, optimizer, state, s.save_dtype)
+        prune_checkpoints(run_dir, s.keep_last, state.best_step)
+
+    def evaluate() -> None:
+        model.eval()
+        metrics = task.evaluate(model, state.step, writer)
+        model.train()
+        writer.scalars(metrics, state.step)
+        state.last_eval = {k: round(v, 4) for k, v in metrics.items()}
+        value = metrics.get(task.metric)
+        if value is not None and (
+            state.best_metric is None or (value > state.best_metric if task.higher_is_better else value < state.best_metric)
+        ):
+            state.best_metric, state.best_step = float(value), state.step
+            writer.scalar("val/best", value, state.step)
+        log.info("step %d: %s", state.step, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+
+    with _StopFlag() as stop, writer:
+        while state.step < total and not stop.requested:
+            started = time.perf_counter()
+            grads_sum, losses, auxes, tokens, examples = None, [], [], 0, 0
+            for _ in range(s.grad_accum):
+                if state.batch_in_epoch >= per_epoch * s.grad_accum:
+                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+                # Dropout and masking depend only on (seed, step, micro-batch): resume is exact.
+                mx.random.seed(hash((s.seed, state.step, state.batch_in_epoch)) % (2**31))
+                batch = task.batch(state.epoch, state.batch_in_epoch, state.step)
+                loss, aux, grads = grad_step(*(mx.array(a) for a in batch.arrays))
+                grads_sum = grads if grads_sum is None else tree_map(mx.add, grads_sum, grads)
+                mx.eval(loss, aux, grads_sum)
+                losses.append(loss.item())
+                auxes.append([a.item() for a in aux])
+                tokens, examples = tokens + batch.tokens, examples + batch.examples
+                state.batch_in_epoch += 1
+            mean_loss = float(np.mean(losses))
+            if not math.isfinite(mean_loss):
+                consecutive_bad += 1
+                state.nonfinite_steps += 1
+                writer.scalar("train/nonfinite_steps", state.nonfinite_steps, state.step)
+                log.warning("Non-finite loss at step %d: update skipped (%d in a row).", state.step, consecutive_bad)
+                if consecutive_bad >= s.max_bad_steps:
+                    raise TrainingStopped(
+                        f"{consecutive_bad} non-finite losses in a row at step {state.step}: lower --lr or check the data; "
+                        f"the last good checkpoint is kept in {os.path.join(run_dir, 'checkpoints')}."
+                    )
+                continue
+            consecutive_bad = 0
+            if s.grad_accum > 1:
+                grads_sum = tree_map(lambda g: g / s.grad_accum, grads_sum)
+            norm = apply_step(grads_sum)
+            mx.eval(model.parameters(), optimizer.state, norm)
+            elapsed = time.perf_counter() - started
+            state.step += 1
+            state.tokens_seen += tokens
+            state.examples_seen += examples
+            state.wall_seconds += elapsed
+            window["tokens"] += tokens
+            window["time"] += elapsed
+            window["loss"].append(mean_loss)
+            window["aux"].append(np.mean(auxes, axis=0))
+            bar.update(1)
+            if state.step % s.log_every == 0 or state.step == total:
+                tps = window["tokens"] / max(window["time"], 1e-9)
+                lr = float(optimizer.learning_rate.item()) if isinstance(optimizer.learning_rate, mx.array) else s.lr
+                metrics = {
+                    "train/loss": float(np.mean(window["loss"])),
+                    "train/lr": lr,
+                    "train/grad_norm": float(norm.item()),
+                    "train/tokens_per_sec": tps,
+                    "train/epoch": state.epoch + state.batch_in_epoch / (per_epoch * s.grad_accum),
+                    **task.train_metrics(np.mean(window["aux"], axis=0)),
+                }
+                writer.scalars(metrics, state.step)
+                bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+                window = {"tokens": 0, "time": 0.0, "loss": [], "aux": []}
+            if s.eval_every and state.step % s.eval_every == 0:
+                best_before = state.best_step
+                evaluate()
+                if state.best_step != best_before and state.step % s.save_every:
+                    save()  # a new best is always on disk
+            if s.save_every and state.step % s.save_every == 0:
+                save()
+        if stop.requested:
+            log.info("Interrupted at step %d: saving.", state.step)
+        elif s.eval_every and state.step % s.eval_every:
+            evaluate()
+        if not list_checkpoints(run_dir) or list_checkpoints(run_dir)[-1][0] != state.step:
+            save()
+    bar.close()
+    log.info("Done: step %d, %d examples, %.0f s; checkpoints in %s.", state.step, state.examples_seen,
+             state.wall_seconds, os.path.join(run_dir, "checkpoints"))
+    return state

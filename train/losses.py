@@ -1,0 +1,65 @@
+"""Losses. Logits are computed only where a prediction is scored: on a CPU, MLX's exp is
+scalar and the vocabulary softmax dominates a step."""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from b2b import Bert2Bert
+
+
+def cross_entropy(logits: mx.array, labels: mx.array, weights: mx.array, label_smoothing: float = 0.0) -> tuple[mx.array, mx.array]:
+    """Weighted mean token cross-entropy (logits (N, V), labels (N,), weights (N,)) and the
+    number of scored tokens. One logsumexp per row: the only pass of exps over the vocabulary."""
+    logits = logits.astype(mx.float32)
+    lse = mx.logsumexp(logits, axis=-1)  # (N,)
+    target = mx.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    nll = lse - target
+    if label_smoothing > 0:
+        nll = (1 - label_smoothing) * nll + label_smoothing * (lse - logits.mean(axis=-1))
+    n = weights.sum()
+    return (nll * weights).sum() / mx.maximum(n, 1.0), n
+
+
+def mlm_loss(
+    model: Bert2Bert,
+    inputs: mx.array,
+    attention_mask: mx.array,
+    positions: mx.array,
+    labels: mx.array,
+    weights: mx.array,
+    token_type_ids: mx.array | None = None,
+    nsp_labels: mx.array | None = None,
+) -> tuple[mx.array, tuple[mx.array, ...]]:
+    """MLM loss on gathered positions (+ NSP loss when labels are given). Returns
+    (loss, (mlm_loss, scored tokens, correct predictions, nsp_loss, nsp_correct))."""
+    h = model.encoder(inputs, attention_mask, token_type_ids)  # (B, T, C)
+    picked = mx.take_along_axis(h, positions[..., None], axis=1)  # (B, P, C)
+    logits = model.encoder.mlm_logits(picked.reshape(-1, h.shape[-1]))  # (B*P, V)
+    flat_labels, flat_w = labels.reshape(-1), weights.reshape(-1)
+    loss, n = cross_entropy(logits, flat_labels, flat_w)
+    correct = ((mx.argmax(logits, axis=-1) == flat_labels) * flat_w).sum()
+    nsp_loss = nsp_correct = mx.array(0.0)
+    total = loss
+    if nsp_labels is not None:
+        nsp_logits = model.encoder.nsp_logits(h)  # (B, 2)
+        nsp_loss, _ = cross_entropy(nsp_logits, nsp_labels, mx.ones(nsp_labels.shape))
+        nsp_correct = (mx.argmax(nsp_logits, axis=-1) == nsp_labels).sum()
+        total = loss + nsp_loss
+    return total, (loss, n, correct, nsp_loss, nsp_correct)
+
+
+def seq2seq_loss(
+    model: Bert2Bert,
+    src: mx.array,
+    src_mask: mx.array,
+    tgt: mx.array,
+    label_smoothing: float = 0.0,
+) -> tuple[mx.array, tuple[mx.array, ...]]:
+    """Teacher-forced summary loss: decoder input tgt[:, :-1], labels tgt[:, 1:], padding
+    ignored. Returns (loss, (loss, scored tokens))."""
+    dec_in, labels = tgt[:, :-1], tgt[:, 1:]
+    weights = (labels != model.config.pad_id).astype(mx.float32)
+    h = model.decode(dec_in, model.encode(src, src_mask), src_mask)  # (B, T, C)
+    logits = model.lm_logits(h.reshape(-1, h.shape[-1]))  # (B*T, V)
+    loss, n = cross_entropy(logits, labels.reshape(-1), weights.reshape(-1), label_smoothing)
+    return loss, (loss, n)
