@@ -1,0 +1,101 @@
+"""Hugging Face BERT weights: parity with transformers (needs torch and ../shared), the
+warm start, and the export back to an EncoderDecoderModel."""
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from b2b import B2BConfig, Bert2Bert, load_checkpoint, load_hf_bert
+from b2b.convert import config_from_hf, map_hf_weights, to_hf_encoder_decoder
+
+from conftest import MINILM, need_shared
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is optional (pip install torch==2.13.0); CI installs it")
+
+
+def _inputs(tokenizer):
+    texts = ["The quick brown fox jumps over the lazy dog.", "( CNN ) -- Officials said on Tuesday that the bridge will reopen."]
+    batch = tokenizer.batch_encode(texts, max_length=64)
+    return batch.ids, batch.attention_mask
+
+
+def test_encoder_matches_transformers_bertmodel(tokenizer):
+    torch = _torch()
+    need_shared("models", "minilm-l6-h384-uncased", "model.safetensors")
+    import transformers
+
+    ids, mask = _inputs(tokenizer)
+    hf = transformers.BertModel.from_pretrained(str(MINILM)).eval()
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(ids.astype(np.int64)), attention_mask=torch.tensor(mask.astype(np.int64))).last_hidden_state.numpy()
+    model = load_hf_bert(str(MINILM))
+    model.eval()
+    ours = np.array(model.encode(mx.array(ids), mx.array(mask)))
+    real = mask.astype(bool)
+    assert np.abs(ours[real] - ref[real]).max() < 1e-4
+
+
+def test_encoder_decoder_matches_transformers(tiny_config, tokenizer):
+    torch = _torch()
+    import transformers
+
+    mx.random.seed(3)
+    model = Bert2Bert(tiny_config)
+    model.eval()
+    c = tiny_config
+    kw = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.encoder_layers,
+              num_attention_heads=c.num_heads, intermediate_size=c.ffn_size, max_position_embeddings=c.max_positions)
+    cfg = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.BertConfig(**kw), transformers.BertConfig(**kw, is_decoder=True, add_cross_attention=True))
+    hf = transformers.EncoderDecoderModel(config=cfg).eval()
+    missing, unexpected = hf.load_state_dict({k: torch.tensor(v) for k, v in to_hf_encoder_decoder(model).items()}, strict=False)
+    assert not unexpected and not [k for k in missing if "position_ids" not in k]
+    ids, mask = _inputs(tokenizer)
+    tgt = ids[:, :6]
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(ids.astype(np.int64)), attention_mask=torch.tensor(mask.astype(np.int64)),
+                 decoder_input_ids=torch.tensor(tgt.astype(np.int64))).logits.numpy()
+    ours = np.array(model(mx.array(ids), mx.array(mask), mx.array(tgt)))
+    assert np.abs(ours - ref).max() < 1e-4
+
+
+def test_warm_start_fills_decoder_from_bert(tmp_path):
+    need_shared("models", "minilm-l6-h384-uncased", "model.safetensors")
+    model = load_hf_bert(str(MINILM))
+    p = dict(tree_flatten(model.parameters()))
+    assert np.array_equal(np.array(p["encoder.layers.2.ffn.up.weight"]), np.array(p["decoder.layers.2.ffn.up.weight"]))
+    assert np.array_equal(np.array(p["encoder.embeddings.position.weight"]), np.array(p["decoder.embeddings.position.weight"]))
+    assert not np.array_equal(np.array(p["decoder.layers.0.cross_attn.query.weight"]), np.array(p["decoder.layers.0.self_attn.query.weight"]))
+    # load_checkpoint recognises a Hugging Face folder and warm-starts from it
+    loaded, tok = load_checkpoint(str(MINILM))
+    assert loaded.config.hidden_size == 384 and tok.vocab_size == 30522
+
+
+def test_mapping_covers_every_tensor_of_a_synthetic_bert():
+    cfg = B2BConfig.preset("tiny")
+    names = ["embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+             "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.gamma", "embeddings.LayerNorm.beta"]
+    for i in range(cfg.encoder_layers):
+        for part in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                     "intermediate.dense", "output.dense"):
+            names += [f"encoder.layer.{i}.{part}.weight", f"encoder.layer.{i}.{part}.bias"]
+        for part in ("attention.output.LayerNorm", "output.LayerNorm"):
+            names += [f"encoder.layer.{i}.{part}.weight", f"encoder.layer.{i}.{part}.bias"]
+    hf = {"bert." + n: np.zeros(1) for n in names}
+    hf.update({"cls.predictions.bias": np.zeros(1), "cls.predictions.transform.dense.weight": np.zeros(1)})
+    mapped = map_hf_weights(hf, cfg)
+    assert len([k for k in mapped if k.startswith("encoder.")]) == len(names) + 2
+    assert "decoder.layers.1.self_attn_norm.weight" in mapped and "decoder.lm_head.bias" in mapped
+    assert not any(k.startswith("decoder.embeddings.word") for k in mapped)
+
+
+def test_config_from_hf(tmp_path):
+    hf = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6,
+          "num_attention_heads": 12, "intermediate_size": 1536, "max_position_embeddings": 512}
+    cfg = config_from_hf(hf)
+    assert (cfg.encoder_layers, cfg.decoder_layers, cfg.num_heads) == (6, 6, 12)
+    assert config_from_hf(json.loads(json.dumps(hf)), share_encoder_decoder=True).share_encoder_decoder
