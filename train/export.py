@@ -1,0 +1,109 @@
+"""Package a run checkpoint for shipping: smaller weights (int8 / float16) and a model card.
+
+    python -m train.export --checkpoint logs/cnndm-minilm/checkpoints/step_0001000 \\
+        --out demo/checkpoint --dtype int8
+
+The card is built from what the run recorded (settings.json, trainer_state.json, metrics and
+any `eval_*.json` reports written by `train.evaluate` in the checkpoint folder)."""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import logging
+import os
+import sys
+
+from b2b import load_checkpoint, runtime_info, save_checkpoint
+
+from .checkpoints import STATE, TrainerState
+
+log = logging.getLogger(__name__)
+
+CREDITS = """## Credits and licences
+- Warm start: all-MiniLM-L6-v2 / MiniLM (Wang et al. 2020), Apache-2.0, with the
+  bert-base-uncased WordPiece vocabulary.
+- Fine-tuning data: CNN/DailyMail (Hermann et al. 2015; See et al. 2017), articles (c) CNN and
+  the Daily Mail, distributed for research (the Hugging Face dataset card lists apache-2.0).
+- Architecture: BERT2BERT (Rothe, Narayan and Severyn, TACL 2020).
+"""
+
+
+def model_card(ckpt: str, dtype: str) -> str:
+    """Markdown describing how the checkpoint was made and how well it does."""
+    state = TrainerState.load(ckpt) if os.path.isfile(os.path.join(ckpt, STATE)) else TrainerState()
+    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
+    settings = {}
+    if os.path.isfile(os.path.join(run_dir, "settings.json")):
+        with open(os.path.join(run_dir, "settings.json")) as f:
+            settings = json.load(f)
+    model, _ = load_checkpoint(ckpt)
+    cfg = model.config
+    lines = [
+        "# b2b summarizer (BERT2BERT, CNN/DailyMail)",
+        "",
+        f"A {'BERTShare' if cfg.share_encoder_decoder else 'BERT2BERT'} encoder-decoder "
+        f"({cfg.encoder_layers}+{cfg.decoder_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
+        f"{model.num_parameters() / 1e6:.1f}M parameters), weights stored as {dtype}.",
+        "",
+        "## Training",
+        f"- Task: {state.task or 'summarization'}; optimizer steps: {state.step}; examples seen: {state.examples_seen:,}; "
+        f"tokens seen: {state.tokens_seen:,}",
+        f"- Wall time in the training loop: {state.wall_seconds / 3600:.2f} h on {runtime_info()['platform']} "
+        f"({runtime_info()['cpu_count']} CPU cores, MLX {runtime_info()['mlx']}, BLAS {runtime_info()['blas']})",
+        f"- Initialisation: {settings.get('init') or 'random'}",
+        f"- Data: {settings.get('data', '?')} (validation: {settings.get('val_data') or 'held out'})",
+        "- Settings: " + ", ".join(
+            f"{k}={settings[k]}" for k in ("batch_size", "grad_accum", "lr", "warmup_steps", "schedule", "max_steps",
+                                           "max_source_len", "max_target_len", "label_smoothing", "dropout", "seed")
+            if k in settings
+        ),
+        "",
+        "## Results",
+    ]
+    if state.last_eval:
+        lines.append("Validation during training (greedy, first articles of the validation split): "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(state.last_eval.items())))
+    for path in sorted(glob.glob(os.path.join(ckpt, "eval_*.json"))):
+        with open(path) as f:
+            rep = json.load(f)
+        m, l3, st = rep["model"], rep["lead3"], rep.get("settings", {})
+        lines += [
+            "",
+            f"`{os.path.basename(path)}`: {rep['n']} articles of {st.get('data', '?')}, beams {st.get('num_beams', '?')}",
+            "",
+            "| | ROUGE-1 | ROUGE-2 | ROUGE-Lsum |",
+            "|---|---|---|---|",
+            f"| model | {m['rouge1']:.2f} | {m['rouge2']:.2f} | {m['rougeLsum']:.2f} |",
+            f"| Lead-3 | {l3['rouge1']:.2f} | {l3['rouge2']:.2f} | {l3['rougeLsum']:.2f} |",
+        ]
+    lines += ["", "ROUGE: rouge-score F1 x 100, Porter stemmer, sentences split by newline (`b2b.rouge`).", "", CREDITS]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--out", default="demo/checkpoint")
+    p.add_argument("--dtype", default="int8", choices=["float32", "float16", "bfloat16", "int8"])
+    a = p.parse_args(argv)
+    try:
+        card = model_card(a.checkpoint, a.dtype)
+        model, tokenizer = load_checkpoint(a.checkpoint)
+    except (ValueError, FileNotFoundError) as e:
+        log.error("%s", e)
+        return 2
+    path = save_checkpoint(model, tokenizer, a.out, dtype=None if a.dtype == "float32" else a.dtype)
+    with open(os.path.join(path, "MODEL_CARD.md"), "w") as f:
+        f.write(card)
+    for report in glob.glob(os.path.join(a.checkpoint, "eval_*.json")):
+        with open(report) as src, open(os.path.join(path, os.path.basename(report)), "w") as dst:
+            dst.write(src.read())
+    size = os.path.getsize(os.path.join(path, "model.safetensors")) / 2**20
+    log.info("Wrote %s (%.1f MiB of weights) with MODEL_CARD.md.", path, size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
