@@ -11,6 +11,7 @@ import numpy as np
 from .generate import DecodingConfig, Hypothesis, Step, decode_stream
 from .model import Bert2Bert, Intermediates
 from .tokenizer import Tokenizer
+from .truecase import truecase
 
 
 class InputError(ValueError):
@@ -100,20 +101,27 @@ def stream_summarize(
     `.result` holds the SummaryResult (a list of them for a list of texts)."""
     cfg = DecodingConfig(**decoding)
     single = isinstance(text, str)
+    if not single and not isinstance(text, (list, tuple)):
+        raise InputError(f"Text to summarize must be a string or a list of strings, got {type(text).__name__}.")
     texts = [text] if single else list(text)
     if not texts:
         raise InputError("No texts to summarize.")
     start = time.perf_counter()
     src_ids, src_mask, batch, counts = _prepare(model, tokenizer, texts, max_source_length)
+
+    def text_of(tokens: list[int], i: int) -> str:
+        text = tokenizer.decode(tokens)
+        return truecase(text, texts[i]) if tokenizer.lowercase else text  # uncased models lose names' capitals
+
     hyps: list[Hypothesis] = []
     for out in decode_stream(model, src_ids, src_mask, cfg):
         if isinstance(out, Step):
-            yield StreamChunk(tokenizer.decode(out.tokens[0]), out.tokens[0])
+            yield StreamChunk(text_of(out.tokens[0], 0), out.tokens[0])
         else:
             hyps = out
     seconds = time.perf_counter() - start
     results = [
-        SummaryResult(tokenizer.decode(h.tokens), h.tokens, h.finish_reason, batch.truncated[i], counts[i], seconds)
+        SummaryResult(text_of(h.tokens, i), h.tokens, h.finish_reason, batch.truncated[i], counts[i], seconds)
         for i, h in enumerate(hyps)
     ]
     if return_attention:

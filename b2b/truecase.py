@@ -1,0 +1,38 @@
+"""Give an uncased model's summary back the capitalisation of its source.
+
+An uncased BERT writes `zully broussard gave a kidney to a stranger in san francisco`; the
+article says `Zully Broussard` and `San Francisco`. Summaries copy most of their words from
+the article, so each word takes the casing it most often has there (sentence-initial uses are
+not counted: they are capitalised whatever the word)."""
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+
+_WORD = re.compile(r"[^\W\d_](?:[\w'’.-]*\w)?")
+_SENTENCE_START = re.compile(r"(?:^|[.!?:][\"'’”)\]]*\s+|\n\s*|[\"“(]\s*)$")
+
+
+def casing_table(source: str) -> dict[str, str]:
+    """lowercased word -> its most frequent form in `source`, away from sentence starts."""
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for m in _WORD.finditer(source):
+        start = m.start()
+        if start == 0 or _SENTENCE_START.search(source[max(0, start - 4) : start]):
+            continue
+        counts[m.group().lower()][m.group()] += 1
+    return {low: forms.most_common(1)[0][0] for low, forms in counts.items()}
+
+
+def truecase(summary: str, source: str) -> str:
+    """`summary` with words re-cased as `source` writes them (unknown words unchanged)."""
+    table = casing_table(source)
+
+    def fix(m: re.Match) -> str:
+        word = m.group()
+        form = table.get(word.lower())
+        if form is None or form == form.lower():
+            return word  # not in the source, or a common word: keep the sentence-start capital
+        return form
+
+    return _WORD.sub(fix, summary)
