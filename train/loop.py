@@ -139,6 +139,7 @@ def run(
     consecutive_bad = 0
 
     def save() -> None:
+        writer.flush()  # the curve up to a checkpoint is on disk before it: a resume has no gap
         save_run_checkpoint(run_dir, model, tokenizer, optimizer, state, s.save_dtype)
         prune_checkpoints(run_dir, s.keep_last, state.best_step)
 
@@ -180,9 +181,10 @@ def run(
                 writer.scalar("train/nonfinite_steps", state.nonfinite_steps, state.step)
                 log.warning("Non-finite loss at step %d: update skipped (%d in a row).", state.step, consecutive_bad)
                 if consecutive_bad >= s.max_bad_steps:
+                    kept = list_checkpoints(run_dir)
                     raise TrainingStopped(
                         f"{consecutive_bad} non-finite losses in a row at step {state.step}: lower --lr or check the data; "
-                        f"the last good checkpoint is kept in {os.path.join(run_dir, 'checkpoints')}."
+                        + (f"the last good checkpoint is {kept[-1][1]}." if kept else "no checkpoint had been saved yet.")
                     )
                 continue
             consecutive_bad = 0
@@ -221,11 +223,13 @@ def run(
                     save()  # a new best is always on disk
             if s.save_every and state.step % s.save_every == 0:
                 save()
+        final_eval = not stop.requested and bool(s.eval_every) and state.step % s.eval_every != 0
         if stop.requested:
             log.info("Interrupted at step %d: saving.", state.step)
-        elif s.eval_every and state.step % s.eval_every:
+        elif final_eval:
             evaluate()
-        if not list_checkpoints(run_dir) or list_checkpoints(run_dir)[-1][0] != state.step:
+        # Saved again after a final evaluation: trainer_state.json then holds its scores and best step.
+        if final_eval or not list_checkpoints(run_dir) or list_checkpoints(run_dir)[-1][0] != state.step:
             save()
     bar.close()
     log.info("Done: step %d, %d examples, %.0f s; checkpoints in %s.", state.step, state.examples_seen,

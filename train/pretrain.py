@@ -17,7 +17,7 @@ from b2b import Bert2Bert, Tokenizer
 
 from .data import load_text_documents, make_nsp_pairs, pack_mlm_blocks
 from .init import build_model
-from .loop import Batch, run
+from .loop import Batch, TrainingStopped, run
 from .losses import mlm_loss
 from .masking import mask_tokens, max_predictions
 from .settings import TrainSettings, parse_settings
@@ -49,8 +49,8 @@ class MLMTask:
         docs = load_text_documents(s.data, config=s.data_config or None)
         if s.val_data:
             val_docs = load_text_documents(s.val_data, split="validation", config=s.data_config or None)
-        else:  # hold out the last 2% of documents (at least one)
-            cut = max(1, len(docs) * 2 // 100)
+        else:  # hold out the last 2% of documents (at least one; two for NSP's random halves)
+            cut = max(2 if s.nsp else 1, len(docs) * 2 // 100)
             docs, val_docs = docs[:-cut] or docs, docs[-cut:]
         self.train = self._blocks(docs, np.random.default_rng(s.seed))
         self.val = self._blocks(val_docs, np.random.default_rng(s.seed + 1))
@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer = build_model(s)
         task = MLMTask(s, tokenizer)
         run(model, tokenizer, task, s, s.out)
+    except TrainingStopped as e:
+        log.error("%s", e)
+        return 1
     except (ValueError, FileNotFoundError) as e:
         log.error("%s", e)
         return 2
