@@ -20,6 +20,7 @@ import numpy as np
 
 from b2b import Bert2Bert, Tokenizer, lead3, load_checkpoint, rouge_scores, summarize
 
+from .command import setup_logging
 from .data import load_summarization_pairs
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def _means(r) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    setup_logging()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="b2b checkpoint folder")
     p.add_argument("--data", required=True, help="JSONL / JSONL.GZ / CSV / Parquet file, or a hub dataset name")

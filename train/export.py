@@ -17,6 +17,7 @@ import sys
 from b2b import load_checkpoint, runtime_info, save_checkpoint
 
 from .checkpoints import STATE, TrainerState
+from .command import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def model_card(ckpt: str, dtype: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    setup_logging()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", default="demo/checkpoint")

@@ -16,10 +16,10 @@ from b2b import Bert2Bert, Tokenizer
 
 from .data import bucketed_batches, collate, load_summarization_pairs, tokenize_pairs
 from .evaluate import evaluate_rouge
-from .init import build_model
-from .loop import Batch, TrainingStopped, run
+from .command import run_command
+from .loop import Batch
 from .losses import seq2seq_loss
-from .settings import TrainSettings, parse_settings
+from .settings import TrainSettings
 from .writer import MetricWriter
 
 log = logging.getLogger(__name__)
@@ -125,19 +125,7 @@ class SummarizationTask:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    s = parse_settings(FinetuneSettings, argv, description="Fine-tune BERT2BERT for summarization.")
-    try:
-        model, tokenizer = build_model(s, share=s.share)
-        task = SummarizationTask(s, tokenizer, model.config.max_positions)
-        run(model, tokenizer, task, s, s.out)
-    except TrainingStopped as e:
-        log.error("%s", e)
-        return 1
-    except (ValueError, FileNotFoundError) as e:
-        log.error("%s", e)
-        return 2
-    return 0
+    return run_command(FinetuneSettings, lambda s, tok, model: SummarizationTask(s, tok, model.config.max_positions), argv, "Fine-tune BERT2BERT for summarization.")
 
 
 if __name__ == "__main__":

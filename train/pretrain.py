@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 
@@ -16,11 +15,11 @@ import numpy as np
 from b2b import Bert2Bert, Tokenizer
 
 from .data import load_text_documents, make_nsp_pairs, pack_mlm_blocks
-from .init import build_model
-from .loop import Batch, TrainingStopped, run
+from .command import run_command
+from .loop import Batch
 from .losses import mlm_loss
 from .masking import mask_tokens, max_predictions
-from .settings import TrainSettings, parse_settings
+from .settings import TrainSettings
 from .writer import MetricWriter
 
 log = logging.getLogger(__name__)
@@ -116,19 +115,7 @@ class MLMTask:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    s = parse_settings(PretrainSettings, argv, description="MLM (+NSP) pretraining of the b2b BERT encoder.")
-    try:
-        model, tokenizer = build_model(s)
-        task = MLMTask(s, tokenizer)
-        run(model, tokenizer, task, s, s.out)
-    except TrainingStopped as e:
-        log.error("%s", e)
-        return 1
-    except (ValueError, FileNotFoundError) as e:
-        log.error("%s", e)
-        return 2
-    return 0
+    return run_command(PretrainSettings, lambda s, tok, model: MLMTask(s, tok), argv, "MLM (+NSP) pretraining of the b2b BERT encoder.")
 
 
 if __name__ == "__main__":
