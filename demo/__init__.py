@@ -1,0 +1,3 @@
+"""The b2b Gradio app and command line: one module per tab (`tab_*.py`), the hot-reloading
+checkpoint store (`store.py`), input checks (`validate.py`), plotly figures (`figures.py`).
+Start it with `python app.py`; the text prompt is `python -m demo.cli`."""

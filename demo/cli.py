@@ -1,0 +1,139 @@
+"""Summarize from the terminal with the model the app would serve.
+
+    python -m demo.cli [--checkpoint DIR | --watch logs] [--text TEXT | --file PATH] [decoding flags]
+
+Without --text/--file it opens a prompt: a line of text is summarized, `>file PATH` summarizes
+a file, `>eval [N]` runs ROUGE on the bundled CNN/DM sample (model vs Lead-3), `>exit` quits."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import b2b  # noqa: F401 - preloads the fast BLAS before mlx
+from b2b import summarize
+
+from .data import SAMPLE_SET, SAMPLE_SIZE
+from .store import CheckpointStore, NoCheckpoint, Served
+from .validate import DECODING_FIELDS, SUMMARIZE_DEFAULTS, BadInput, check_text, decoding_kwargs, read_text_file
+
+PROMPT = "b2b> "
+HELP = "Type or paste text to summarize · >file PATH · >eval [N] · >exit"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--checkpoint", metavar="DIR", help="checkpoint folder to use")
+    where.add_argument("--watch", default="logs", help="use the newest checkpoint under this folder (default: logs)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--text", help="summarize this text and exit")
+    what.add_argument("--file", help="summarize this .txt/.md file and exit")
+    dec = p.add_argument_group("decoding (as in the app)")
+    dec.add_argument("--strategy", choices=["beam", "greedy", "sampling"], default=SUMMARIZE_DEFAULTS["strategy"])
+    for name in DECODING_FIELDS[1:]:
+        default = SUMMARIZE_DEFAULTS[name]
+        dec.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=f"default {default}")
+    return p.parse_args(argv)
+
+
+def decoding_from(a: argparse.Namespace) -> dict:
+    return decoding_kwargs(*(getattr(a, name) for name in DECODING_FIELDS))
+
+
+def summarize_one(served: Served, text: str, decoding: dict, out=None, err=None) -> str:
+    """Print the summary (stdout) and its statistics (stderr); return the summary."""
+    out, err = out or sys.stdout, err or sys.stderr
+    r = summarize(served.model, served.tokenizer, check_text(text), **decoding)
+    print(r.text or "(empty summary)", file=out, flush=True)
+    truncated = f", truncated to {served.model.config.max_positions}" if r.truncated else ""
+    print(
+        f"[{r.num_input_tokens} input tokens{truncated}; {r.num_tokens} summary tokens in {r.seconds:.2f} s, "
+        f"{r.tokens_per_sec:.1f} tokens/s]",
+        file=err, flush=True,
+    )
+    return r.text
+
+
+def run_eval(served: Served, n: int, decoding: dict, out=None) -> None:
+    """ROUGE of the model and Lead-3 on the first `n` bundled articles, as a table."""
+    out = out or sys.stdout
+    from tqdm import tqdm
+
+    from train.data import load_summarization_pairs
+    from train.evaluate import evaluate_rouge
+
+    if not 1 <= n <= SAMPLE_SIZE:
+        raise BadInput(f"N must be between 1 and {SAMPLE_SIZE}, not {n}.")
+    data = load_summarization_pairs(SAMPLE_SET, "article", "highlights", limit=n)
+    with tqdm(total=len(data), desc="summarizing", unit="article", file=sys.stderr) as bar:
+        report = evaluate_rouge(
+            served.model, served.tokenizer, data.articles, data.summaries,
+            progress=lambda done, total: bar.update(done - bar.n), **decoding,
+        )
+    print(report.table(), file=out, flush=True)
+
+
+def handle(line: str, served: Served, decoding: dict, out=None, err=None) -> bool:
+    """One prompt line; False when the user asked to quit. Bad input prints one sentence."""
+    out, err = out or sys.stdout, err or sys.stderr
+    line = line.strip()
+    if not line:
+        return True
+    try:
+        if line in (">exit", ">quit", ">q"):
+            return False
+        if line in (">help", ">?"):
+            print(HELP, file=out)
+        elif line.startswith(">file"):
+            path = line[len(">file"):].strip()
+            if not path:
+                raise BadInput("Give a path: >file PATH")
+            summarize_one(served, read_text_file(path, require_suffix=False), decoding, out, err)
+        elif line.startswith(">eval"):
+            arg = line[len(">eval"):].strip()
+            if arg and not arg.isdigit():
+                raise BadInput(f"Give N as a whole number: >eval 20 (not {arg!r}).")
+            run_eval(served, int(arg) if arg else 20, decoding, out)
+        elif line.startswith(">"):
+            raise BadInput(f"Unknown command {line.split()[0]!r}. {HELP}")
+        else:
+            summarize_one(served, line, decoding, out, err)
+    except (ValueError, FileNotFoundError) as e:  # BadInput, InputError, DecodingError, DataError
+        print(f"error: {e}", file=err, flush=True)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    a = parse_args(argv)
+    try:
+        decoding = decoding_from(a)
+        store = CheckpointStore(a.watch, pinned=a.checkpoint, settle_seconds=0.0)
+        store.refresh()
+        served = store.require()
+        if a.text is not None:
+            summarize_one(served, a.text, decoding)
+            return 0
+        if a.file is not None:
+            summarize_one(served, read_text_file(a.file, require_suffix=False), decoding)
+            return 0
+    except NoCheckpoint as e:
+        print(f"error: {store.warning or e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"Model: {served.headline()} ({served.path})\n{HELP}", file=sys.stderr)
+    while True:
+        try:
+            line = input(PROMPT)
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if not handle(line, served, decoding):
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

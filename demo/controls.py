@@ -1,0 +1,74 @@
+"""Decoding controls shared by the Summarize and ROUGE tabs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from .validate import DECODING_FIELDS, EVAL_DEFAULTS, MAX_BEAMS, MAX_NEW_TOKENS, SUMMARIZE_DEFAULTS, decoding_kwargs
+
+__all__ = ["DecodingControls", "EVAL_DEFAULTS", "SUMMARIZE_DEFAULTS", "build_decoding_controls"]
+
+
+@dataclass
+class DecodingControls:
+    strategy: gr.Radio
+    num_beams: gr.Slider
+    length_penalty: gr.Slider
+    no_repeat_ngram_size: gr.Slider
+    min_length: gr.Number
+    max_length: gr.Number
+    temperature: gr.Slider
+    top_k: gr.Slider
+    top_p: gr.Slider
+    seed: gr.Number
+
+    @property
+    def inputs(self) -> list:
+        """The components in `decoding_kwargs` order."""
+        return [getattr(self, name) for name in DECODING_FIELDS]
+
+    @staticmethod
+    def kwargs(*values) -> dict:
+        """Component values (in `inputs` order) -> checked `summarize()` keyword arguments."""
+        return decoding_kwargs(*values)
+
+
+def _visibility(strategy: str) -> list:
+    beam, sample = strategy == "beam", strategy == "sampling"
+    return [gr.update(visible=beam), gr.update(visible=beam)] + [gr.update(visible=sample)] * 4
+
+
+def build_decoding_controls(defaults: dict, label: str = "Decoding settings", open: bool = False) -> DecodingControls:
+    """An accordion of decoding settings; the beam or sampling ones show for their strategy."""
+    d = defaults
+    with gr.Accordion(label, open=open):
+        strategy = gr.Radio(
+            ["beam", "greedy", "sampling"], value=d["strategy"], label="Decoding",
+            info="Beam search reads best; greedy is fastest; sampling varies from run to run.",
+        )
+        with gr.Row():
+            num_beams = gr.Slider(1, MAX_BEAMS, value=d["num_beams"], step=1, label="Beams", visible=d["strategy"] == "beam")
+            length_penalty = gr.Slider(
+                0.0, 3.0, value=d["length_penalty"], step=0.1, label="Length penalty",
+                info="Above 1 favours longer summaries.", visible=d["strategy"] == "beam",
+            )
+            no_repeat = gr.Slider(0, 6, value=d["no_repeat_ngram_size"], step=1, label="No-repeat n-gram size", info="0: off")
+        with gr.Row():
+            limits = dict(precision=0, maximum=MAX_NEW_TOKENS)
+            min_length = gr.Number(value=d["min_length"], minimum=0, label="Min length (tokens)", **limits)
+            max_length = gr.Number(value=d["max_length"], minimum=1, label="Max length (tokens)", **limits)
+        sampling = d["strategy"] == "sampling"
+        with gr.Row():
+            temperature = gr.Slider(0.0, 2.0, value=d["temperature"], step=0.05, label="Temperature", visible=sampling)
+            top_k = gr.Slider(0, 200, value=d["top_k"], step=1, label="Top-k", info="0: off", visible=sampling)
+            top_p = gr.Slider(0.05, 1.0, value=d["top_p"], step=0.05, label="Top-p", info="1: off", visible=sampling)
+            seed = gr.Number(value=d["seed"], precision=0, label="Seed", info="-1: random", visible=sampling)
+    controls = DecodingControls(
+        strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed
+    )
+    strategy.change(
+        _visibility, strategy, [num_beams, length_penalty, temperature, top_k, top_p, seed],
+        queue=False, show_progress="hidden", api_visibility="private",
+    )
+    return controls

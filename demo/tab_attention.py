@@ -1,0 +1,223 @@
+"""Attention tab: encoder, decoder or cross-attention of the latest summary as heatmaps, and
+the source words one summary token attended to as highlighted text.
+
+At 512 source tokens a full map is 262k cells per head: the heatmaps show a window of source
+tokens (or pool them into spans), so the page stays light; the highlight covers the whole
+source (one number per word)."""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import gradio as gr
+import mlx.core as mx
+import numpy as np
+
+from b2b import AttentionMaps
+from b2b.summarize import attention_maps
+
+from .errors import ui_errors
+from .figures import STANDS_OUT, attention_heatmap, empty_figure, head_grid, highlight_source, token_axis, top_words
+from .store import CheckpointStore, Served
+from .validate import BadInput
+
+KINDS = {
+    "Cross-attention (summary → source)": "cross",
+    "Encoder self-attention (source → source)": "encoder",
+    "Decoder self-attention (summary → summary)": "decoder",
+}
+MEAN, GRID = "mean over heads", "all heads (grid)"
+MODES = {"Window of tokens": "window", "Pool into spans": "aggregate"}
+GRID_LIMIT = 48  # rows/columns per small heatmap in the grid of heads
+SUMMARY_LIMIT = 256  # summary tokens shown one per row before they are pooled
+PLACEHOLDER = "Summarize a text on the Summarize tab: its attention shows here."
+
+
+class MapsCache:
+    """The attention maps of the last few (checkpoint, text, summary) triples, so moving a
+    slider does not rerun the model. One per app, not a module global."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple, AttentionMaps] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> AttentionMaps | None:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            return None
+
+    def put(self, key: tuple, maps: AttentionMaps) -> None:
+        with self._lock:
+            self._items[key] = maps
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+def _compute(served: Served, text: str, summary_ids: list[int], ended: bool) -> AttentionMaps:
+    """Runs on the model worker: one teacher-forced pass with explicit attention."""
+    model, tok = served.model, served.tokenizer
+    enc = tok.encode(text, max_length=model.config.max_positions)
+    src = mx.array([enc.ids], dtype=mx.int32)
+    return attention_maps(model, tok, src, summary_ids, ended)
+
+
+def get_maps(store: CheckpointStore, cache: MapsCache, last: dict | None) -> tuple[AttentionMaps, Served]:
+    """Maps for the latest summary, computed with the served model (cached)."""
+    if not last:
+        raise BadInput(PLACEHOLDER)
+    served = store.require()
+    digest = hashlib.sha1(last["text"].encode("utf-8", "replace")).hexdigest()
+    key = (served.path, served.candidate.signature, digest, tuple(last["summary_ids"]), last["ended"])
+    maps = cache.get(key)
+    if maps is None:
+        maps = store.worker.run(_compute, served, last["text"], last["summary_ids"], last["ended"])
+        cache.put(key, maps)
+    return maps, served
+
+
+def token_choices(maps: AttentionMaps) -> list[tuple[str, int]]:
+    return [(f"{i}: {t}", i) for i, t in enumerate(maps.summary_tokens)]
+
+
+def head_choices(num_heads: int) -> list[str]:
+    return [MEAN, GRID] + [f"head {h}" for h in range(num_heads)]
+
+
+@dataclass
+class View:
+    figure: object
+    highlight: list
+    info: str
+
+
+def render(
+    maps: AttentionMaps, kind: str, layer: int, head: str, mode: str, start: int, size: int, token: int | None
+) -> View:
+    """Figure, highlighted source and a caption for one choice of map/layer/head/window."""
+    kind = KINDS.get(kind, kind)
+    mode = MODES.get(mode, mode)
+    src, summ = maps.source_tokens, maps.summary_tokens
+    if not summ:
+        return View(empty_figure("Attention", "The summary is empty: nothing to show."), [], "The summary is empty.")
+    weights = {"encoder": maps.encoder, "decoder": maps.decoder, "cross": maps.cross}[kind]  # (L, H, Q, K)
+    layers, heads = weights.shape[0], weights.shape[1]
+    layer = int(min(max(0, int(layer or 0)), layers - 1))
+    grid = head == GRID
+    if head in (MEAN, GRID) or not head:
+        label = MEAN if not grid else GRID
+        per_head = None
+    else:
+        h = int(str(head).split()[-1])
+        if not 0 <= h < heads:
+            raise BadInput(f"This model has {heads} heads per layer; head {h} does not exist.")
+        label, per_head = f"head {h}", h
+    limit = min(int(size), GRID_LIMIT) if grid else int(size)
+    # Summaries are short: all their tokens show (pooled only past SUMMARY_LIMIT).
+    summary_limit = GRID_LIMIT if grid else SUMMARY_LIMIT
+    decoder_inputs = ["[CLS]"] + summ[:-1]
+    if kind == "encoder":
+        rows = cols = token_axis(src, limit, mode, start, "source tokens")
+        y_title, x_title = "source token (query)", "source token (key)"
+    elif kind == "decoder":
+        rows = token_axis(summ, summary_limit, "aggregate", 0, "summary tokens")
+        cols = token_axis(decoder_inputs, summary_limit, "aggregate", 0, "summary tokens")
+        y_title, x_title = "summary token being generated", "earlier summary token"
+    else:
+        rows = token_axis(summ, summary_limit, "aggregate", 0, "summary tokens")
+        cols = token_axis(src, limit, mode, start, "source tokens")
+        y_title, x_title = "summary token being generated", "source token"
+    name = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention", "cross": "Cross-attention"}[kind]
+    title = f"{name} · layer {layer} · {label}"
+    notes = list(dict.fromkeys(n for n in (rows.note, cols.note) if n))
+    if notes:
+        title += f" · {'; '.join(notes)}"
+    layer_w = weights[layer].astype(np.float32)  # (H, Q, K)
+    if grid:
+        fig = head_grid(layer_w, rows, cols, title, x_title, y_title)
+    else:
+        w = layer_w.mean(axis=0) if per_head is None else layer_w[per_head]
+        fig = attention_heatmap(w, rows, cols, title, x_title, y_title)
+
+    # The highlight: always cross-attention of one summary token over the whole source.
+    t = int(min(max(0, int(token or 0)), len(summ) - 1))
+    cross = maps.cross[layer].astype(np.float32)
+    row = cross[:, t].mean(axis=0) if per_head is None else cross[per_head, t]
+    pieces = highlight_source(src, row)
+    best = ", ".join(f"{w} ({s:.2f})" for w, s in top_words(pieces))
+    even = 1 / len(src)
+    focus = (
+        f"attended most to: {best}" if best else
+        f"no source word gets {STANDS_OUT:g}× an even share: this attention is spread almost uniformly"
+    )
+    info = (
+        f"Generating **{summ[t]}** (summary token {t}), layer {layer}, {label if not grid else MEAN}, {focus}. "
+        f"Strongest weight {float(row.max()):.4f}; spread evenly it would be {even:.4f}. "
+        f"Source: {len(src)} tokens, summary: {len(summ)} tokens."
+    )
+    return View(fig, pieces, info)
+
+
+def build(store: CheckpointStore, last: gr.State, concurrency: int | None = 2) -> None:
+    """Lay out the tab; `last` is the Summarize tab's state of the latest finished summary."""
+    cache = MapsCache()
+    gr.Markdown(
+        "Attention of the model that is served, for the text and summary on the **Summarize** tab. "
+        "Rows are the tokens asking (for the decoder: the summary token being generated), columns "
+        "the tokens attended to; hover a cell for the pair and the weight. Long sources show a "
+        "window of tokens (move it with the slider) or are pooled into spans."
+    )
+    with gr.Row():
+        kind = gr.Radio(list(KINDS), value=next(iter(KINDS)), label="Attention", scale=3)
+        layer = gr.Slider(0, 1, value=0, step=1, label="Layer", scale=1)
+        head = gr.Dropdown(head_choices(1), value=MEAN, label="Head", scale=1)
+    with gr.Row():
+        mode = gr.Radio(list(MODES), value=next(iter(MODES)), label="Long inputs", scale=2)
+        size = gr.Slider(16, 256, value=96, step=16, label="Source tokens shown", scale=1)
+        start = gr.Slider(0, 512, value=0, step=1, label="Window starts at source token", scale=2)
+    plot = gr.Plot(label="Attention map", elem_id="attention-plot")
+    token = gr.Dropdown([], label="Summary token: which source words did it attend to?", elem_id="summary-token")
+    info = gr.Markdown(PLACEHOLDER)
+    highlight = gr.HighlightedText(
+        label=f"Source, highlighted by cross-attention (words above {STANDS_OUT:g}× an even share; strongest = 1)",
+        show_legend=False,
+        combine_adjacent=False, elem_id="attention-highlight",
+    )
+    controls = [kind, layer, head, mode, start, size, token]
+
+    @ui_errors("drawing the attention maps")
+    def on_new_summary(last_value, kind_v, mode_v, size_v):
+        if not last_value:
+            return (gr.skip(),) * 4 + (empty_figure("Attention", PLACEHOLDER), None, PLACEHOLDER)
+        maps, _ = get_maps(store, cache, last_value)
+        layers, heads = maps.cross.shape[0], maps.cross.shape[1]
+        top_layer = layers - 1
+        src_len = len(maps.source_tokens)
+        view = render(maps, kind_v, top_layer, MEAN, mode_v, 0, size_v, 0)
+        return (
+            gr.update(maximum=max(top_layer, 1), value=top_layer, interactive=layers > 1),
+            gr.update(choices=head_choices(heads), value=MEAN),
+            gr.update(choices=token_choices(maps), value=0),
+            gr.update(maximum=max(1, src_len - 16), value=0),
+            view.figure, view.highlight, view.info,
+        )
+
+    @ui_errors("drawing the attention maps")
+    def on_change(last_value, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v):
+        if not last_value:
+            return empty_figure("Attention", PLACEHOLDER), None, PLACEHOLDER
+        maps, _ = get_maps(store, cache, last_value)
+        view = render(maps, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v)
+        return view.figure, view.highlight, view.info
+
+    common = dict(concurrency_limit=concurrency, concurrency_id="model", api_visibility="private", show_progress="minimal")
+    last.change(on_new_summary, [last, kind, mode, size], [layer, head, token, start, plot, highlight, info], **common)
+    inputs, outputs = [last, *controls], [plot, highlight, info]
+    for c in (kind, head, mode, token):
+        c.input(on_change, inputs, outputs, trigger_mode="always_last", **common)
+    for c in (layer, start, size):
+        c.release(on_change, inputs, outputs, trigger_mode="always_last", **common)

@@ -1,0 +1,204 @@
+"""ROUGE tab: score the served model and a Lead-3 baseline on the bundled CNN/DM sample or an
+uploaded JSONL/CSV, with the same code as training (`train.evaluate.evaluate_rouge`)."""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import tempfile
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+import gradio as gr
+import pandas as pd
+
+from train.data import load_summarization_pairs
+from train.evaluate import EvalReport, evaluate_rouge
+
+from .controls import EVAL_DEFAULTS, build_decoding_controls
+from .data import SAMPLE_SET, SAMPLE_SIZE
+from .errors import ui_errors
+from .figures import ROUGE_NAMES, empty_figure, rouge_bars
+from .store import CheckpointStore
+from .validate import BadInput, check_data_file, data_fields, decoding_kwargs
+
+SAMPLE, UPLOAD = f"Bundled sample ({SAMPLE_SIZE} CNN/DailyMail validation articles)", "Uploaded file"
+MAX_EXAMPLES = 1000
+ARTICLE_GUESSES = ("article", "document", "text", "source", "story")
+REFERENCE_GUESSES = ("highlights", "summary", "reference", "abstract", "target", "headline")
+
+
+@dataclass
+class EvalOutput:
+    summary: str
+    figure: object
+    table: pd.DataFrame
+    csv_path: str
+    report: EvalReport
+
+
+def guess_fields(fields: list[str]) -> tuple[str | None, str | None]:
+    """The likely article and reference fields of a pairs file."""
+    lower = {f.lower(): f for f in fields}
+    article = next((lower[g] for g in ARTICLE_GUESSES if g in lower), fields[0] if fields else None)
+    rest = [f for f in fields if f != article]
+    reference = next((lower[g] for g in REFERENCE_GUESSES if g in lower), rest[0] if rest else None)
+    return article, reference
+
+
+def _articles(n: int) -> str:
+    return f"{n} article" + ("" if n == 1 else "s")
+
+
+def summary_markdown(report: EvalReport, headline: str) -> str:
+    rows = ["| | " + " | ".join(ROUGE_NAMES.values()) + " |", "|---|---:|---:|---:|"]
+    for name, scores in (("**model**", report.model), ("Lead-3", report.lead3)):
+        rows.append(f"| {name} | " + " | ".join(f"{scores[k]:.2f}" for k in ROUGE_NAMES) + " |")
+    return (
+        "\n".join(rows)
+        + f"\n\n{_articles(report.n)} in {report.seconds:.1f} s with {headline}. "
+        "F1 × 100, stemmed; ROUGE-Lsum splits sentences at newlines."
+    )
+
+
+def report_table(report: EvalReport) -> pd.DataFrame:
+    df = pd.DataFrame(report.rows)
+    df["article"] = [a if len(a) <= 200 else a[:200] + "…" for a in df["article"]]
+    return df.rename(columns={"article": "article (start)", **ROUGE_NAMES})
+
+
+def run_eval(
+    store: CheckpointStore,
+    source: str,
+    upload: str | None,
+    article_field: str | None,
+    reference_field: str | None,
+    n: float,
+    batch_size: float,
+    decoding: list,
+    progress=None,
+    out_dir: str | None = None,
+) -> EvalOutput:
+    """Load N pairs, generate in batches (reporting progress(done, total)), score, write CSV."""
+    kw = decoding_kwargs(*decoding)
+    n = int(n or 0)
+    if not 1 <= n <= MAX_EXAMPLES:
+        raise BadInput(f"N must be between 1 and {MAX_EXAMPLES}, not {n}.")
+    path = SAMPLE_SET if source == SAMPLE else check_data_file(upload)
+    if not article_field or not reference_field:
+        raise BadInput("Choose the article field and the reference field.")
+    if article_field == reference_field:
+        raise BadInput("The article and the reference must be different fields.")
+    served = store.require()
+    data = load_summarization_pairs(path, article_field, reference_field, limit=n)  # DataError: one sentence
+    updates: queue.SimpleQueue = queue.SimpleQueue()
+
+    def after_batch(done: int, total: int) -> None:  # on the worker, between two batches
+        updates.put((done, total))
+        store.worker.yield_to_interactive()  # summaries requested meanwhile go first
+
+    future = store.worker.submit(
+        evaluate_rouge, served.model, served.tokenizer, data.articles, data.summaries,
+        batch_size=int(batch_size or 8), progress=after_batch, background=True, **kw,
+    )
+    if progress is not None:
+        progress((0, len(data.articles)), desc="Summarizing", unit="articles")
+    while True:  # the model runs on the worker thread; progress is reported from this one
+        try:
+            report = future.result(timeout=0.25)
+            break
+        except FutureTimeout:
+            pass
+        finally:
+            while not updates.empty():
+                done, total = updates.get()
+                if progress is not None:
+                    progress((done, total), desc="Summarizing", unit="articles")
+    out_dir = out_dir or tempfile.mkdtemp(prefix="b2b-rouge-")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"rouge_{served.run}_{len(data.articles)}.csv")
+    csv_path = os.path.join(out_dir, name)
+    report.write_csv(csv_path)
+    return EvalOutput(
+        summary_markdown(report, served.headline()), rouge_bars(report.model, report.lead3, report.n),
+        report_table(report), csv_path, report,
+    )
+
+
+def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
+    """Lay out the tab inside the current gr.Tab and wire its events."""
+    gr.Markdown(
+        "Score the served model against the references, next to a **Lead-3** baseline (the "
+        "article's first three sentences), with the same ROUGE code as training."
+    )
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2):
+            source = gr.Radio([SAMPLE, UPLOAD], value=SAMPLE, label="Articles")
+            upload = gr.File(
+                label="JSONL or CSV with an article and a reference per row",
+                file_types=[".jsonl", ".json", ".csv", ".gz"], visible=False, height=130, elem_id="rouge-upload",
+            )
+            with gr.Row():
+                article_field = gr.Dropdown(["article"], value="article", label="Article field", allow_custom_value=True)
+                reference_field = gr.Dropdown(
+                    ["highlights"], value="highlights", label="Reference field", allow_custom_value=True
+                )
+            with gr.Row():
+                n = gr.Slider(1, SAMPLE_SIZE, value=10, step=1, label="N (first N articles)")
+                batch_size = gr.Slider(1, 32, value=8, step=1, label="Batch size")
+            controls = build_decoding_controls(EVAL_DEFAULTS)
+            button = gr.Button("Evaluate", variant="primary", elem_id="rouge-btn")
+        with gr.Column(scale=3):
+            summary = gr.Markdown("Results appear here.", elem_id="rouge-summary", min_height=120)
+            plot = gr.Plot(empty_figure("ROUGE", "Run an evaluation to compare the model with Lead-3."), label="ROUGE")
+    table = gr.Dataframe(
+        label="Per example", wrap=True, max_height=520, interactive=False, elem_id="rouge-table",
+        datatype=["str", "str", "str", "number", "number", "number"],
+        column_widths=["28%", "26%", "26%", "6%", "6%", "8%"],
+    )
+    csv_file = gr.File(label="Download the per-example scores (CSV)", interactive=False)
+
+    def on_source(choice):
+        sample = choice == SAMPLE
+        fields = ["id", "article", "highlights"]
+        return (
+            gr.update(visible=not sample),
+            gr.update(choices=fields, value="article") if sample else gr.skip(),
+            gr.update(choices=fields, value="highlights") if sample else gr.skip(),
+            gr.update(maximum=SAMPLE_SIZE) if sample else gr.update(maximum=MAX_EXAMPLES),
+        )
+
+    @ui_errors("reading the uploaded file")
+    def on_upload(path):
+        try:
+            fields = data_fields(path)
+        except BadInput as e:  # a toast; the widget is emptied for the next try
+            gr.Warning(str(e), title="File not loaded")
+            return gr.skip(), gr.skip(), None
+        article, reference = guess_fields(fields)
+        return gr.update(choices=fields, value=article), gr.update(choices=fields, value=reference), gr.skip()
+
+    # Gradio hands gr.Progress only to a positional parameter: the decoding values are spelled out.
+    @ui_errors("evaluating")
+    def on_evaluate(
+        source_v, upload_v, article_v, reference_v, n_v, batch_v,
+        strategy, num_beams, length_penalty, no_repeat_ngram_size, min_length, max_length,
+        temperature, top_k, top_p, seed,
+        progress=gr.Progress(),  # noqa: B008 - gradio's idiom
+    ):
+        decoding = [
+            strategy, num_beams, length_penalty, no_repeat_ngram_size, min_length, max_length, temperature, top_k, top_p, seed,
+        ]
+        out = run_eval(store, source_v, upload_v, article_v, reference_v, n_v, batch_v, decoding, progress)
+        return out.summary, out.figure, out.table, out.csv_path
+
+    source.change(on_source, source, [upload, article_field, reference_field, n], queue=False, api_visibility="private")
+    upload.upload(
+        on_upload, upload, [article_field, reference_field, upload], api_visibility="private", show_progress="hidden"
+    )
+    button.click(
+        on_evaluate,
+        [source, upload, article_field, reference_field, n, batch_size, *controls.inputs],
+        [summary, plot, table, csv_file],
+        concurrency_limit=concurrency, concurrency_id="model", api_visibility="private",
+        show_progress_on=[summary],  # the progress bar (and an error) on the results, not on every output
+    )

@@ -1,0 +1,160 @@
+"""Summarize tab: paste or upload text, pick decoding settings, watch the summary stream in."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import gradio as gr
+
+from b2b import SummaryResult, stream_summarize, summarize
+
+from .controls import SUMMARIZE_DEFAULTS, DecodingControls, build_decoding_controls
+from .data import example_label, load_examples
+from .errors import ui_errors
+from .store import CheckpointStore
+from .validate import BadInput, check_text, decoding_kwargs, read_text_file
+
+STREAM_INTERVAL = 0.05  # seconds between UI updates while tokens arrive
+
+
+def stats_markdown(r: SummaryResult, max_positions: int) -> str:
+    """Input size, truncation notice, time and speed of one summary."""
+    parts = [f"**Input:** {r.num_input_tokens:,} tokens"]
+    if r.truncated:
+        parts.append(
+            f"⚠️ **Truncated:** the model reads only the first {max_positions} of them; the rest of the text was ignored"
+        )
+    ended = "end of summary" if r.finish_reason == "eos" else "max length reached"
+    parts.append(f"**Summary:** {r.num_tokens} tokens ({ended}) in {r.seconds:.2f} s · {r.tokens_per_sec:.1f} tokens/s")
+    return "  \n".join(parts)
+
+
+def summarize_stream(store: CheckpointStore, text: str, *decoding) -> Iterator[tuple]:
+    """Handler: yields (summary so far, stats, attention-tab state); the state is only set at
+    the end (gr.skip() before), so the Attention tab follows finished summaries."""
+    text = check_text(text)
+    kw = decoding_kwargs(*decoding)
+    served = store.require()  # one model for the whole request, even if a reload swaps it
+    yield "", "Generating…", gr.skip()
+    last = 0.0
+    for chunk in store.worker.iterate(lambda: stream_summarize(served.model, served.tokenizer, text, **kw)):
+        r = chunk.result
+        if r is None:
+            now = time.perf_counter()
+            if now - last >= STREAM_INTERVAL:
+                last = now
+                yield chunk.text, f"Generating… {len(chunk.token_ids)} tokens", gr.skip()
+            continue
+        state = {
+            "text": text,
+            "summary": r.text,
+            "summary_ids": list(r.token_ids),
+            "ended": r.finish_reason == "eos",
+            "checkpoint": served.path,
+            "headline": served.headline(),
+        }
+        summary = r.text if r.text.strip() else "(the model produced an empty summary)"
+        yield summary, stats_markdown(r, served.model.config.max_positions), state
+
+
+def summarize_text(store: CheckpointStore, text: str, *decoding) -> str:
+    """Handler for the `summarize` API: the finished summary only."""
+    text = check_text(text)
+    kw = decoding_kwargs(*decoding)
+    served = store.require()
+    return store.worker.run(summarize, served.model, served.tokenizer, text, **kw).text
+
+
+def load_file(path: str | None) -> str:
+    """Handler: an uploaded .txt/.md file's text into the text box."""
+    return read_text_file(path)
+
+
+@dataclass
+class SummarizeTab:
+    text: gr.Textbox
+    summary: gr.Textbox
+    stats: gr.Markdown
+    button: gr.Button
+    controls: DecodingControls
+    last: gr.State  # what the Attention tab shows: the latest finished summary and its input
+
+
+def build(store: CheckpointStore, concurrency: int | None = 2) -> SummarizeTab:
+    """Lay out the tab inside the current gr.Tab and wire its events."""
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            text = gr.Textbox(
+                label="Article", lines=10, max_lines=20, elem_id="article",
+                placeholder="Paste a news article here, upload a .txt or .md file, or pick an example below.",
+            )
+            upload = gr.File(label="…or upload a .txt / .md file", file_types=[".txt", ".md"], height=130)
+            controls = build_decoding_controls(SUMMARIZE_DEFAULTS)
+            with gr.Row():
+                clear = gr.Button("Clear", variant="secondary", scale=1)
+                button = gr.Button("Summarize", variant="primary", scale=3, elem_id="summarize-btn")
+        with gr.Column(scale=2):
+            summary = gr.Textbox(label="Summary", lines=8, max_lines=20, interactive=False, buttons=["copy"], elem_id="summary")
+            stats = gr.Markdown(elem_id="summary-stats")
+            gr.Markdown(
+                "The summary grows as it is generated (for beam search: the best beam so far). "
+                "Open the **Attention** tab to see what the model looked at."
+            )
+    examples = load_examples()
+    if examples:
+        gr.Examples(
+            [[e["article"]] for e in examples], inputs=[text], label="Examples: CNN/DailyMail articles",
+            example_labels=[example_label(e["article"]) for e in examples],
+        )
+    last = gr.State(None)
+
+    @ui_errors("summarizing")
+    def on_summarize(text, *decoding):
+        yield from summarize_stream(store, text, *decoding)
+
+    @ui_errors("reading the file")
+    def on_upload(path):
+        # A refused file is a toast, not an error state: the text box stays usable and the
+        # upload widget is emptied for the next try.
+        try:
+            return load_file(path), None
+        except BadInput as e:
+            gr.Warning(str(e), title="File not loaded")
+            return gr.skip(), None
+
+    run = dict(
+        fn=on_summarize, inputs=[text, *controls.inputs], outputs=[summary, stats, last],
+        concurrency_limit=concurrency, concurrency_id="model", api_visibility="private",
+    )
+    button.click(**run)
+    upload.upload(on_upload, upload, [text, upload], api_visibility="private", show_progress="hidden")
+    clear.click(lambda: ("", None, "", ""), None, [text, upload, summary, stats], queue=False, api_visibility="private")
+    return SummarizeTab(text, summary, stats, button, controls, last)
+
+
+def build_api(store: CheckpointStore, concurrency: int | None = 2) -> None:
+    """The named `summarize` endpoint: text and decoding options in, summary text out."""
+    d = SUMMARIZE_DEFAULTS
+
+    @ui_errors("summarizing")
+    def summarize_api(
+        text: str,
+        strategy: str = d["strategy"],
+        num_beams: int = d["num_beams"],
+        length_penalty: float = d["length_penalty"],
+        no_repeat_ngram_size: int = d["no_repeat_ngram_size"],
+        min_length: int = d["min_length"],
+        max_length: int = d["max_length"],
+        temperature: float = d["temperature"],
+        top_k: int = d["top_k"],
+        top_p: float = d["top_p"],
+        seed: int = d["seed"],
+    ) -> str:
+        """Summarize `text`. strategy: beam, greedy or sampling."""
+        return summarize_text(
+            store, text, strategy, num_beams, length_penalty, no_repeat_ngram_size,
+            min_length, max_length, temperature, top_k, top_p, seed,
+        )
+
+    gr.api(summarize_api, api_name="summarize", concurrency_limit=concurrency, concurrency_id="model")

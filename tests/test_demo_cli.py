@@ -1,0 +1,62 @@
+"""`python -m demo.cli`: one-shot --text/--file, and the prompt's commands."""
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from b2b import B2BConfig, Bert2Bert, Tokenizer, save_checkpoint
+from demo import cli
+from demo.store import CheckpointStore
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "ckpt"
+    save_checkpoint(Bert2Bert(B2BConfig.preset("tiny")), Tokenizer.default(), str(path))
+    return str(path)
+
+
+FAST = ["--max-length", "5", "--min-length", "0", "--num-beams", "2"]
+
+
+def test_text_and_file_one_shot(ckpt, tmp_path, capsys):
+    assert cli.main(["--checkpoint", ckpt, "--text", "The river flooded the town.", *FAST]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and "input tokens" in err and "tokens/s" in err
+
+    f = tmp_path / "article"  # any name works from the command line
+    f.write_text("A storm hit the coast on Monday.")
+    assert cli.main(["--checkpoint", ckpt, "--file", str(f), *FAST]) == 0
+
+
+def test_errors_are_one_line_and_exit_2(ckpt, tmp_path, capsys):
+    assert cli.main(["--checkpoint", ckpt, "--text", "  ", *FAST]) == 2
+    assert capsys.readouterr().err.startswith("error: There is no text")
+    assert cli.main(["--watch", str(tmp_path), "--text", "hello"]) == 2
+    assert "train.finetune" in capsys.readouterr().err
+    assert cli.main(["--checkpoint", ckpt, "--text", "hi", "--min-length", "9", "--max-length", "3"]) == 2
+
+
+def test_prompt_commands(ckpt, tmp_path):
+    store = CheckpointStore(None, pinned=ckpt, settle_seconds=0)
+    store.refresh()
+    served = store.require()
+    decoding = cli.decoding_from(cli.parse_args(FAST))
+    text = tmp_path / "a.txt"
+    text.write_text("The mayor opened the new library.")
+    out, err = io.StringIO(), io.StringIO()
+    for line in ["Hello there.", f">file {text}", ">file /no/such.txt", ">eval 2", ">eval x", ">nope", ""]:
+        assert cli.handle(line, served, decoding, out, err)
+    assert cli.handle(">exit", served, decoding, out, err) is False
+    assert "lead-3" in out.getvalue() and "2 articles" in out.getvalue()
+    messages = [line for line in err.getvalue().splitlines() if line.startswith("error:")]
+    assert len(messages) == 3 and "whole number" in messages[1] and "Unknown command" in messages[2]
+
+
+def test_interactive_loop_reads_until_exit(ckpt, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Some news today.\n>exit\nnot reached\n"))
+    assert cli.main(["--checkpoint", ckpt, *FAST]) == 0
+    _, err = capsys.readouterr()
+    assert err.count("input tokens") == 1

@@ -1,0 +1,82 @@
+"""Figures: 512-token attention stays small (window or pool), highlights join WordPieces."""
+from __future__ import annotations
+
+import numpy as np
+
+from demo.figures import (
+    attention_heatmap,
+    curves,
+    head_grid,
+    highlight_source,
+    reduce,
+    rouge_bars,
+    token_axis,
+    top_words,
+)
+
+S = 512
+
+
+def softmax_rows(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_window_and_pool_keep_a_512_token_map_small_and_exact():
+    rng = np.random.default_rng(0)
+    tokens = [f"t{i}" for i in range(S)]
+    w = softmax_rows(rng, (S, S))
+
+    window = token_axis(tokens, 128, "window", start=500)  # clamped to the end
+    assert window.spans[0] == (S - 128, S - 127) and len(window.labels) == 128
+    assert window.labels[0] == f"{S - 128} t{S - 128}" and "of 512" in window.note
+    z = reduce(w, window, window)
+    assert np.allclose(z, w[S - 128 :, S - 128 :])
+
+    pooled = token_axis(tokens, 64, "aggregate")
+    assert len(pooled.spans) == 64 and pooled.spans[0][0] == 0 and pooled.spans[-1][1] == S
+    z = reduce(w, pooled, pooled)
+    assert np.allclose(z.sum(axis=1), 1.0, atol=1e-4)  # pooled rows are still distributions
+
+    fig = attention_heatmap(w, window, window, "enc")
+    assert len(fig.to_json()) < 600_000  # a full 512x512 map would be several MB
+    assert len(set(window.labels)) == 128  # a categorical axis must not merge repeated tokens
+
+
+def test_head_grid_has_one_panel_per_head_with_a_shared_scale():
+    rng = np.random.default_rng(1)
+    tokens = [f"t{i}" for i in range(S)]
+    axis = token_axis(tokens, 48, "aggregate")
+    fig = head_grid(softmax_rows(rng, (12, S, S)), axis, axis, "grid")
+    assert len(fig.data) == 12 and {t.coloraxis for t in fig.data} == {"coloraxis"}
+
+
+def test_highlight_joins_wordpieces_and_skips_specials():
+    tokens = ["[CLS]", "the", "bridge", "##s", "collapsed", ",", "police", "said", "[SEP]"]
+    weights = np.array([0.5, 0.01, 0.1, 0.3, 0.05, 0.0, 0.1, 0.04, 0.0])
+    pieces = highlight_source(tokens, weights)
+    assert [t for t, _ in pieces] == ["the", " bridges", " collapsed", ",", " police", " said"]
+    scores = dict((t.strip(), s) for t, s in pieces)
+    assert scores["bridges"] == 1.0  # its strongest piece, ##s, is the strongest token
+    assert scores["the"] is None  # under the floor: left plain
+    assert scores["collapsed"] is None and scores["police"] is None  # under 1.5x an even share (1/9)
+    assert top_words(pieces, 2) == [("bridges", 1.0)]
+    lenient = dict((t.strip(), s) for t, s in highlight_source(tokens, weights, stands_out=0.5))
+    assert lenient["police"] == round(0.1 / 0.3, 3)
+
+
+def test_uniform_attention_highlights_nothing():
+    tokens = ["[CLS]"] + [f"w{i}" for i in range(510)] + ["[SEP]"]
+    weights = np.full(512, 1 / 512) + np.random.default_rng(0).normal(0, 1e-7, 512)
+    assert all(score is None for _, score in highlight_source(tokens, weights))
+
+
+def test_rouge_bars_and_curves():
+    fig = rouge_bars({"rouge1": 30, "rouge2": 10, "rougeLsum": 28}, {"rouge1": 35, "rouge2": 14, "rougeLsum": 32}, 5)
+    assert [t.name for t in fig.data] == ["model", "Lead-3 baseline"]
+    metrics = {"train/loss": [(1, 3.0), (2, 2.5)], "val/loss": []}
+    fig = curves(metrics, ["train/loss", "val/loss"], "Loss", "ce", "empty", marker_step=2)
+    assert [t.name for t in fig.data] == ["train/loss"]
+    empty = curves({}, ["val/rouge1"], "ROUGE", "F1", "No ROUGE yet.")
+    assert not empty.data and "No ROUGE yet." in empty.to_json()

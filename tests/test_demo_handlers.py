@@ -1,0 +1,238 @@
+"""The tabs' handlers, called directly (no browser, no server), on a tiny checkpoint."""
+from __future__ import annotations
+
+import csv
+import json
+
+import gradio as gr
+import numpy as np
+import pytest
+
+from b2b import B2BConfig, Bert2Bert, Tokenizer, save_checkpoint
+from demo import tab_attention, tab_rouge, tab_summarize, tab_training
+from demo.errors import ui_errors
+from demo.store import CheckpointStore, NoCheckpoint
+from demo.ui import build_app, header_markdown
+from demo.validate import EVAL_DEFAULTS, SUMMARIZE_DEFAULTS, BadInput
+
+FAST = dict(SUMMARIZE_DEFAULTS, num_beams=2, min_length=0, max_length=6)
+DECODING = [FAST[k] for k in SUMMARIZE_DEFAULTS]
+GREEDY = [dict(EVAL_DEFAULTS, min_length=0, max_length=5)[k] for k in EVAL_DEFAULTS]
+ARTICLE = "The city council voted on Tuesday to build a new bridge over the river. " * 3
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logs")
+    run = root / "run1"
+    save_checkpoint(
+        Bert2Bert(B2BConfig.preset("tiny")), Tokenizer.default(), str(run / "checkpoints" / "step_0000010"),
+        extra={"trainer_state.json": {
+            "step": 10, "last_eval": {"val/rouge2": 1.5}, "best_metric": 1.5, "best_step": 10, "metric_name": "val/rouge2",
+        }},
+    )
+    with open(run / "metrics.jsonl", "w") as f:
+        for step in range(0, 50, 5):
+            f.write(json.dumps({"step": step, "tag": "train/loss", "value": 9 - step / 10, "time": 0}) + "\n")
+        f.write(json.dumps({"step": 10, "tag": "val/rouge2", "value": 1.5, "time": 0}) + "\n")
+        f.write('{"step": 50, "tag": "train/lo')  # a live run's half-written last line
+    return root
+
+
+@pytest.fixture(scope="module")
+def store(run_dir):
+    s = CheckpointStore(str(run_dir), fallback=None, settle_seconds=0.0)
+    s.refresh()
+    assert s.current() is not None
+    return s
+
+
+@pytest.fixture
+def empty_store(tmp_path):
+    return CheckpointStore(str(tmp_path), fallback=None)
+
+
+# -- Summarize ---------------------------------------------------------------------------------
+
+
+def test_summary_streams_then_reports_tokens_time_and_speed(store):
+    chunks = list(tab_summarize.summarize_stream(store, ARTICLE, *DECODING))
+    assert chunks[0][1] == "Generating…"
+    summary, stats, state = chunks[-1]
+    assert isinstance(summary, str) and summary
+    assert "tokens/s" in stats and "Input:" in stats and "Truncated" not in stats
+    assert state["text"] == ARTICLE and len(state["summary_ids"]) <= 6
+    assert state["checkpoint"] == store.current().path
+    assert all(isinstance(c[2], type(gr.skip())) for c in chunks[:-1])  # state only at the end
+
+
+def test_long_input_shows_the_truncation_notice(store):
+    *_, (_, stats, _) = tab_summarize.summarize_stream(store, "word " * 400, *DECODING)
+    assert "Truncated" in stats and "first 128" in stats
+
+
+def test_summarize_api_returns_text(store):
+    assert isinstance(tab_summarize.summarize_text(store, ARTICLE, *DECODING), str)
+
+
+@pytest.mark.parametrize(
+    "text, decoding, message",
+    [
+        ("   ", DECODING, "no text to summarize"),
+        ("x" * 1_000_001, DECODING, "1 MB"),
+        (ARTICLE, ["beam", 4, 1.0, 3, 50, 10, 1.0, 50, 0.9, -1], "must not exceed max length"),
+        (ARTICLE, ["sampling", 1, 1.0, 3, 0, 10, 1.0, 50, 1.5, -1], "Top-p"),
+    ],
+)
+def test_bad_input_becomes_one_gr_error(store, text, decoding, message):
+    @ui_errors("summarizing")
+    def handler(t, *d):
+        yield from tab_summarize.summarize_stream(store, t, *d)
+
+    with pytest.raises(gr.Error, match=message) as err:
+        list(handler(text, *decoding))
+    assert "\n" not in err.value.message and "Traceback" not in err.value.message
+
+
+def test_no_checkpoint_gives_a_sentence_not_a_traceback(empty_store):
+    with pytest.raises(NoCheckpoint, match="train.finetune"):
+        list(tab_summarize.summarize_stream(empty_store, ARTICLE, *DECODING))
+    assert "No checkpoint yet" in header_markdown(empty_store)
+    assert "python -m train.finetune" in header_markdown(empty_store)
+
+
+def test_uploaded_file_fills_the_text_box(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("Hello world.")
+    assert tab_summarize.load_file(str(f)) == "Hello world."
+    binary = tmp_path / "b.txt"
+    binary.write_bytes(b"\xff\xfe\x00\x00garbage")
+    with pytest.raises(BadInput):
+        tab_summarize.load_file(str(binary))
+
+
+def test_unexpected_errors_become_a_generic_sentence():
+    @ui_errors("testing")
+    def broken():
+        raise KeyError("oops")
+
+    with pytest.raises(gr.Error, match="Something went wrong while testing"):
+        broken()
+
+
+# -- Attention ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def last_state(store):
+    *_, (_, _, state) = tab_summarize.summarize_stream(store, "word " * 300, *DECODING)
+    return state
+
+
+def test_attention_maps_are_cached_per_summary(store, last_state):
+    cache = tab_attention.MapsCache()
+    maps, _ = tab_attention.get_maps(store, cache, last_state)
+    again, _ = tab_attention.get_maps(store, cache, last_state)
+    assert again is maps
+    n_src = len(maps.source_tokens)
+    assert n_src == 128 and maps.encoder.shape == (2, 4, n_src, n_src)
+    assert maps.cross.shape[2] == len(maps.summary_tokens)
+
+
+@pytest.mark.parametrize("kind", list(tab_attention.KINDS))
+@pytest.mark.parametrize("head", [tab_attention.MEAN, tab_attention.GRID, "head 3"])
+@pytest.mark.parametrize("mode", list(tab_attention.MODES))
+def test_every_view_renders(store, last_state, kind, head, mode):
+    maps, _ = tab_attention.get_maps(store, tab_attention.MapsCache(), last_state)
+    view = tab_attention.render(maps, kind, 1, head, mode, 40, 32, 1)
+    heatmaps = [t for t in view.figure.data if t.type == "heatmap"]
+    assert len(heatmaps) == (4 if head == tab_attention.GRID else 1)
+    z = np.asarray(heatmaps[0].z)
+    assert z.shape[1] <= 32 and z.shape[0] <= 32
+    assert "%{y}" in heatmaps[0].hovertemplate and "%{z" in heatmaps[0].hovertemplate
+    assert view.highlight and all(isinstance(t, str) for t, _ in view.highlight)
+    assert "Strongest weight" in view.info and ("attended most to" in view.info or "almost uniformly" in view.info)
+
+
+def test_attention_needs_a_summary_first(store):
+    with pytest.raises(BadInput, match="Summarize a text"):
+        tab_attention.get_maps(store, tab_attention.MapsCache(), None)
+
+
+def test_a_head_that_does_not_exist_is_one_sentence(store, last_state):
+    maps, _ = tab_attention.get_maps(store, tab_attention.MapsCache(), last_state)
+    with pytest.raises(BadInput, match="4 heads"):
+        tab_attention.render(maps, "cross", 0, "head 9", "window", 0, 64, 0)
+
+
+# -- ROUGE -------------------------------------------------------------------------------------
+
+
+def test_rouge_on_the_bundled_sample_with_progress_and_csv(store, tmp_path):
+    seen = []
+    out = tab_rouge.run_eval(
+        store, tab_rouge.SAMPLE, None, "article", "highlights", 3, 2, GREEDY,
+        progress=lambda p, **kw: seen.append(p), out_dir=str(tmp_path),
+    )
+    assert seen[0] == (0, 3) and seen[-1] == (3, 3)
+    assert set(out.report.model) == {"rouge1", "rouge2", "rougeLsum"}
+    assert out.report.lead3["rouge1"] > 10  # Lead-3 is a real baseline on CNN/DM
+    assert len(out.table) == 3 and "ROUGE-Lsum" in out.table.columns
+    assert {t.name for t in out.figure.data} == {"model", "Lead-3 baseline"}
+    with open(out.csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and {"article", "reference", "generated", "rouge1"} <= set(rows[0])
+    assert "Lead-3" in out.summary
+
+
+def test_rouge_on_an_upload_with_other_fields(store, tmp_path):
+    data = tmp_path / "pairs.csv"
+    data.write_text('story,summary\n"One. Two. Three. Four.","One."\n"Alpha beta. Gamma.","Beta."\n')
+    assert tab_rouge.guess_fields(["id", "story", "summary"]) == ("story", "summary")
+    out = tab_rouge.run_eval(store, tab_rouge.UPLOAD, str(data), "story", "summary", 5, 8, GREEDY, out_dir=str(tmp_path))
+    assert out.report.n == 2
+
+
+def test_rouge_upload_without_the_fields_says_which_exist(store, tmp_path):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"text": "a", "abstract": "b"}) + "\n")
+    with pytest.raises(ValueError, match="has no field 'article'; its fields are: text, abstract"):
+        tab_rouge.run_eval(store, tab_rouge.UPLOAD, str(data), "article", "highlights", 5, 8, GREEDY)
+    with pytest.raises(BadInput, match="different fields"):
+        tab_rouge.run_eval(store, tab_rouge.UPLOAD, str(data), "text", "text", 5, 8, GREEDY)
+    with pytest.raises(BadInput, match="N must be between"):
+        tab_rouge.run_eval(store, tab_rouge.SAMPLE, None, "article", "highlights", 0, 8, GREEDY)
+
+
+# -- Training ----------------------------------------------------------------------------------
+
+
+def test_training_tab_shows_served_checkpoint_and_live_curves(store, run_dir):
+    md, dropdown, loss, rouge, tb, seen = tab_training.refresh(store, str(run_dir), None, None)
+    assert "step 10" in md and "rouge2 1.50" in md and "best val/rouge2" in md
+    assert dropdown["value"] == str(run_dir / "run1")
+    assert [t.name for t in loss.data] == ["train/loss"] and len(loss.data[0].x) == 10
+    assert [t.name for t in rouge.data] == ["val/rouge2"]
+    assert f"tensorboard --logdir {run_dir}" in tb
+    # Nothing changed: the figures are not rebuilt.
+    _, _, loss2, rouge2, _, seen2 = tab_training.refresh(store, str(run_dir), None, seen)
+    assert seen2 == seen and isinstance(loss2, type(gr.skip()))
+    with open(run_dir / "run1" / "metrics.jsonl", "a") as f:
+        f.write('\n{"step": 60, "tag": "train/loss", "value": 1.0, "time": 0}\n')
+    _, _, loss3, _, _, _ = tab_training.refresh(store, str(run_dir), None, seen)
+    assert len(loss3.data[0].x) == 11
+
+
+def test_training_tab_without_runs(empty_store, tmp_path):
+    md, _, loss, _, _, _ = tab_training.refresh(empty_store, str(tmp_path), None, None)
+    assert "No checkpoint is served yet" in md
+    assert not loss.data  # a placeholder figure
+
+
+# -- The app -----------------------------------------------------------------------------------
+
+
+def test_the_app_builds_with_named_api_endpoints(store, run_dir):
+    blocks = build_app(store, str(run_dir))
+    names = {fn.api_name for fn in blocks.fns.values() if fn.api_visibility != "private"}
+    assert {"summarize", "model_info"} <= names
