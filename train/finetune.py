@@ -45,6 +45,11 @@ class FinetuneSettings(TrainSettings):
     batch_size: int = 8
     out: str = "logs/finetune"
 
+    def validate(self) -> None:
+        super().validate()
+        if self.rouge_examples < 0 or self.val_examples < 1:
+            raise ValueError("--rouge-examples must be >= 0 and --val-examples >= 1.")
+
 
 class SummarizationTask:
     name = "summarization"
