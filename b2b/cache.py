@@ -28,6 +28,10 @@ class LayerCache:
     def offset(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
+    def self_mask(self, num_queries: int) -> str | None:
+        """Self-attention mask for the newest queries: one new token sees every cached key."""
+        return "causal" if num_queries > 1 else None
+
     def reorder(self, rows: mx.array, cross: bool = False) -> None:
         """Keep batch rows `rows` (beam search). Cross K/V only change when `cross` is set:
         beams of one input share its encoder output, so reordering within a group is a no-op."""
@@ -35,6 +39,33 @@ class LayerCache:
             self.keys, self.values = self.keys[rows], self.values[rows]
         if cross:
             self.cross_kv = (self.cross_kv[0][rows], self.cross_kv[1][rows])
+
+
+class StaticLayerCache:
+    """A layer cache with fixed shapes, for a compiled decoding step: self-attention K/V live in
+    preallocated (B, H, capacity, D) buffers, written at `position` (an int32 array, so one
+    compiled step serves every position), and queries see the keys up to their own position."""
+
+    def __init__(self, cross_kv: tuple[mx.array, mx.array], keys: mx.array, values: mx.array, position: mx.array):
+        self.cross_kv = cross_kv  # (B, H, S, D) each
+        self.keys, self.values = keys, values  # (B, H, capacity, D)
+        self.position = position  # () int32: where the next token's keys go
+
+    def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        start = mx.stack([self.position])  # (1,)
+        self.keys = mx.slice_update(self.keys, k, start, axes=(2,))
+        self.values = mx.slice_update(self.values, v, start, axes=(2,))
+        return self.keys, self.values
+
+    @property
+    def offset(self) -> mx.array:
+        return self.position
+
+    def self_mask(self, num_queries: int) -> mx.array:
+        """(Tq, capacity) bool: query i (at position + i) sees keys 0 .. position + i; the
+        unwritten rest of the buffer is masked out."""
+        at = self.position + mx.arange(num_queries)  # (Tq,)
+        return mx.arange(self.keys.shape[2])[None, :] <= at[:, None]
 
 
 class DecoderCache:

@@ -4,12 +4,15 @@ The encoder runs once per input; cross-attention keys/values are projected once 
 (beam rows are copies of their input's rows); each step feeds only the newest token."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
 import numpy as np
 
+from . import fastmath
+from .cache import DecoderCache, StaticLayerCache
 from .model import Bert2Bert
 
 
@@ -114,19 +117,106 @@ def _sample(logits: mx.array, cfg: DecodingConfig, key: mx.array) -> mx.array:
     return mx.random.categorical(logits, key=key)
 
 
+class _Stepper:
+    """One decoding step for a batch of rows. In eval mode (and unless B2B_COMPILE_DECODE=0) a
+    compiled step over fixed-size self-attention buffers: one trace per (rows, source length,
+    capacity) serves every position, so a token costs a few fused kernels instead of
+    hundreds of separately dispatched ops. Otherwise the growing `DecoderCache`."""
+
+    def __init__(self, model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, max_steps: int,
+                 rows: mx.array | None = None, log_probs: bool = False):
+        self.model, self.log_probs = model, log_probs
+        cache = model.make_cache(memory, src_mask)  # cross-attention K/V projected once
+        if rows is not None:
+            cache.reorder(rows, cross=True)
+        self.compiled = _compiles(model)
+        if not self.compiled:
+            self.cache = cache
+            return
+        c = model.config
+        R, S = cache.layers[0].cross_kv[0].shape[0], memory.shape[1]
+        capacity = -(-max_steps // 32) * 32  # a few capacities: compiled steps are reused
+        shape = (R, c.num_heads, capacity, c.head_dim)
+        self.keys = [mx.zeros(shape, memory.dtype) for _ in cache.layers]
+        self.values = [mx.zeros(shape, memory.dtype) for _ in cache.layers]
+        self.cross = [layer.cross_kv for layer in cache.layers]
+        self.cross_mask = cache.cross_mask if cache.cross_mask is not None else mx.ones((R, 1, 1, S), dtype=mx.bool_)
+        self.position = 0
+
+    def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> mx.array:
+        """Logits (or log-probabilities) (R, V) for the newest tokens (R, 1); `reorder` first
+        keeps cache rows `reorder` (beam search)."""
+        if not self.compiled:
+            if reorder is not None:
+                self.cache.reorder(reorder)
+            out = self.model.decode_step(tokens, self.cache).astype(mx.float32)
+            return fastmath.log_softmax(out) if self.log_probs else out
+        step = _compiled_step(self.model, reorder is not None, self.log_probs)
+        extra = [reorder] if reorder is not None else []
+        out, self.keys, self.values = step(tokens, mx.array(self.position, mx.int32), self.keys, self.values,
+                                           self.cross, self.cross_mask, *extra)
+        self.position += 1
+        return out
+
+
+def _compiles(model: Bert2Bert) -> bool:
+    return os.environ.get("B2B_COMPILE_DECODE", "1") != "0" and not model.training
+
+
+def _encode(model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None) -> tuple[mx.array, mx.array | None]:
+    """Encoder states (B, S', C) and the mask that goes with them. Compiled (one fused graph)
+    when decoding compiles; the source is then padded to a multiple of 64 (masked, so the
+    result is the same) so that a few traces serve every length."""
+    if not _compiles(model):
+        return model.encode(src_ids, src_mask), src_mask
+    B, S = src_ids.shape
+    if src_mask is None:
+        src_mask = mx.ones((B, S), dtype=mx.int32)
+    width = min(-(-S // 64) * 64, max(S, model.config.max_positions))
+    if width > S:
+        pad = mx.zeros((B, width - S), dtype=src_ids.dtype)
+        src_ids = mx.concatenate([src_ids, pad + model.config.pad_id], axis=1)
+        src_mask = mx.concatenate([src_mask, pad.astype(src_mask.dtype)], axis=1)
+    steps = model.__dict__.setdefault("_b2b_compiled_steps", {})
+    key = ("encode", fastmath.enabled())
+    if key not in steps:
+        steps[key] = mx.compile(lambda ids, mask: model.encode(ids, mask), inputs=model.state)
+    return steps[key](src_ids, src_mask), src_mask
+
+
+def _compiled_step(model: Bert2Bert, reorder: bool, log_probs: bool):
+    """The model's compiled decoding step (made once per model and variant). Its weights are
+    read afresh at every call (`inputs=model.state`), so later updates are seen."""
+    steps = model.__dict__.setdefault("_b2b_compiled_steps", {})
+    key = (reorder, log_probs, fastmath.enabled())
+    if key not in steps:
+
+        def step(tokens, position, keys, values, cross, cross_mask, *rows):
+            if rows:
+                keys, values = [k[rows[0]] for k in keys], [v[rows[0]] for v in values]
+            layers = [StaticLayerCache(kv, k, v, position) for kv, k, v in zip(cross, keys, values)]
+            out = model.decode_step(tokens, DecoderCache(layers, cross_mask)).astype(mx.float32)  # (R, V)
+            if log_probs:
+                out = fastmath.log_softmax(out)
+            return out, [layer.keys for layer in layers], [layer.values for layer in layers]
+
+        steps[key] = mx.compile(step, inputs=model.state)
+    return steps[key]
+
+
 def greedy_or_sample(
     model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig
 ) -> Iterator[Step | list[Hypothesis]]:
     """Greedy or sampled decoding for a batch; yields a Step per token, then the hypotheses."""
     c = model.config
     B = memory.shape[0]
-    cache = model.make_cache(memory, src_mask)
+    decode = _Stepper(model, memory, src_mask, cfg.max_length)
     key = mx.random.key(cfg.seed if cfg.seed is not None else int(np.random.randint(2**31)))
     histories: list[list[int]] = [[] for _ in range(B)]
     reasons: list[str | None] = [None] * B
     tokens = mx.full((B, 1), c.cls_id, dtype=mx.int32)
     for _ in range(cfg.max_length):
-        logits = _apply_constraints(model.decode_step(tokens, cache), histories, cfg, c.sep_id)
+        logits = _apply_constraints(decode(tokens), histories, cfg, c.sep_id)
         if cfg.strategy == "sample":
             key, sub = mx.random.split(key)
             nxt = _sample(logits, cfg, sub)
@@ -153,8 +243,9 @@ def beam_search(
     input each step, then the best finished hypothesis per input."""
     c = model.config
     B, K = memory.shape[0], cfg.num_beams
-    cache = model.make_cache(memory, src_mask)
-    cache.reorder(mx.repeat(mx.arange(B), K), cross=True)  # (B*K, ...) rows, projected once
+    # (B*K, ...) rows: beams copy their input's cross-attention K/V, projected once.
+    decode = _Stepper(model, memory, src_mask, cfg.max_length, rows=mx.repeat(mx.arange(B), K), log_probs=True)
+    reorder = None
     scores = np.full((B, K), -np.inf, dtype=np.float64)
     scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 1
     histories: list[list[int]] = [[] for _ in range(B * K)]
@@ -163,9 +254,7 @@ def beam_search(
     tokens = mx.full((B * K, 1), c.cls_id, dtype=mx.int32)
     V = c.vocab_size
     for step in range(cfg.max_length):
-        logits = model.decode_step(tokens, cache).astype(mx.float32)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B*K, V)
-        logprobs = _apply_constraints(logprobs, histories, cfg, c.sep_id)
+        logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id)  # (B*K, V)
         total = (logprobs + mx.array(scores.reshape(-1, 1), dtype=mx.float32)).reshape(B, K * V)
         top = mx.argpartition(-total, 2 * K - 1, axis=-1)[:, : 2 * K]  # (B, 2K) candidates
         top_scores = np.array(mx.take_along_axis(total, top, axis=-1), dtype=np.float64)
@@ -204,7 +293,7 @@ def beam_search(
         yield Step(best, list(done))
         if all(done):
             break
-        cache.reorder(mx.array(rows, dtype=mx.int32))
+        reorder = mx.array(rows, dtype=mx.int32)
         tokens = mx.array(next_tokens, dtype=mx.int32)[:, None]
     results = []
     for b in range(B):
@@ -221,7 +310,7 @@ def decode_stream(
     model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig
 ) -> Iterator[Step | list[Hypothesis]]:
     """Encode once and decode with the strategy `cfg` asks for: yields Steps, then hypotheses."""
-    memory = model.encode(src_ids, src_mask)
+    memory, src_mask = _encode(model, src_ids, src_mask)
     search = beam_search if cfg.strategy == "beam" else greedy_or_sample
     yield from search(model, memory, src_mask, cfg)
 

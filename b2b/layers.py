@@ -9,7 +9,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import LayerCache
+from . import fastmath
+from .cache import LayerCache, StaticLayerCache
 from .config import B2BConfig
 
 # A boolean mask (True = may attend), the string "causal", or None.
@@ -36,9 +37,10 @@ class Embeddings(nn.Module):
     def word_table(self) -> nn.Embedding:
         return self.word if "word" in self else self._shared_word
 
-    def __call__(self, ids: mx.array, token_type_ids: mx.array | None = None, offset: int = 0) -> mx.array:
+    def __call__(self, ids: mx.array, token_type_ids: mx.array | None = None, offset: int | mx.array = 0) -> mx.array:
         T = ids.shape[1]
-        x = self.word_table(ids) + self.position(mx.arange(offset, offset + T))  # (B, T, C)
+        # `offset` is an int, or a () array when a compiled decoding step serves every position.
+        x = self.word_table(ids) + self.position(mx.arange(T) + offset)  # (B, T, C)
         if token_type_ids is None:
             x = x + self.token_type.weight[0]
         else:
@@ -47,7 +49,8 @@ class Embeddings(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head attention. `fast` uses mx.fast.scaled_dot_product_attention; the explicit
+    """Multi-head attention. The fast path is `fastmath.attention` (on the CPU a fused softmax
+    with a flash-style backward; elsewhere mx.fast.scaled_dot_product_attention); the explicit
     path computes the softmax itself so it can also return the weights (B, H, Tq, Tk)."""
 
     def __init__(self, cfg: B2BConfig):
@@ -80,7 +83,7 @@ class Attention(nn.Module):
         if return_weights:
             out, weights = attention_explicit(q, k, v, self.scale, mask)
         else:
-            out, weights = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask), None
+            out, weights = fastmath.attention(q, k, v, self.scale, mask), None
         B, H, T, D = out.shape
         out = out.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # (B, Tq, C)
         return self.out(out), weights
@@ -107,7 +110,7 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down(nn.gelu(self.up(x)))
+        return self.down(fastmath.gelu(self.up(x)))
 
 
 class EncoderLayer(nn.Module):
@@ -150,16 +153,16 @@ class DecoderLayer(nn.Module):
         x: mx.array,
         cross_kv: tuple[mx.array, mx.array],
         cross_mask: Mask,
-        cache: LayerCache | None = None,
+        cache: LayerCache | StaticLayerCache | None = None,
         shared: EncoderLayer | None = None,
         return_weights: bool = False,
     ) -> tuple[mx.array, mx.array | None, mx.array | None]:
         blocks = shared if shared is not None else self
         k, v = blocks.self_attn.project_kv(x)  # (B, H, T, D)
+        mask: Mask = "causal"
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        # With one new token and a cache, every cached key is visible: no mask needed.
-        mask = "causal" if x.shape[1] > 1 else None
+            mask = cache.self_mask(x.shape[1])  # growing cache: None for one new token
         h, self_w = blocks.self_attn(x, (k, v), mask, return_weights)
         x = blocks.self_attn_norm(x + self.dropout(h))
         h, cross_w = self.cross_attn(x, cross_kv, cross_mask, return_weights)

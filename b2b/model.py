@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import fastmath
 from .cache import DecoderCache, LayerCache
 from .config import B2BConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer
@@ -42,7 +43,7 @@ class LMHead(nn.Module):
         self.bias = mx.zeros((cfg.vocab_size,))
 
     def __call__(self, h: mx.array, word: nn.Embedding) -> mx.array:
-        h = self.norm(nn.gelu(self.transform(h)))  # (..., C)
+        h = self.norm(fastmath.gelu(self.transform(h)))  # (..., C)
         if "projection" in self:
             return self.projection(h) + self.bias
         return word.as_linear(h) + self.bias  # (..., V)

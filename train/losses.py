@@ -5,15 +5,14 @@ from __future__ import annotations
 import mlx.core as mx
 
 from b2b import Bert2Bert
+from b2b.fastmath import cross_entropy as _nll_and_lse
 
 
 def cross_entropy(logits: mx.array, labels: mx.array, weights: mx.array, label_smoothing: float = 0.0) -> tuple[mx.array, mx.array]:
     """Weighted mean token cross-entropy (logits (N, V), labels (N,), weights (N,)) and the
     number of scored tokens. One logsumexp per row: the only pass of exps over the vocabulary."""
     logits = logits.astype(mx.float32)
-    lse = mx.logsumexp(logits, axis=-1)  # (N,)
-    target = mx.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
-    nll = lse - target
+    nll, lse = _nll_and_lse(logits, labels)  # (N,) each
     if label_smoothing > 0:
         nll = (1 - label_smoothing) * nll + label_smoothing * (lse - logits.mean(axis=-1))
     n = weights.sum()
