@@ -28,3 +28,36 @@ def test_final_checkpoint_records_the_final_evaluation(tmp_path):
     best_step, best = min(((s, v) for s, v in val), key=lambda sv: sv[1])
     assert (state.best_step, state.best_metric) == (best_step, best)
     assert best_step in [s for s, _ in list_checkpoints(str(out))]  # the best is kept on disk
+
+
+def test_new_lr_scale_moves_cross_attention_faster():
+    """--new-lr-scale 10: the first AdamW step moves cross-attention weights 10x as far as the
+    warm-startable rest (Adam's first move is the same multiple of lr for every weight)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from b2b import B2BConfig, Bert2Bert
+    from train.loop import base_learning_rate, make_optimizer
+    from train.settings import TrainSettings
+
+    mx.random.seed(0)
+    model = Bert2Bert(B2BConfig.preset("tiny", dropout=0.0))
+    s = TrainSettings(lr=1e-3, warmup_steps=0, weight_decay=0.0, new_lr_scale=10.0, schedule="constant")
+    opt = make_optimizer(s, total_steps=10)
+    before = dict(tree_flatten(model.parameters()))
+    grads = {k: mx.ones_like(v) for k, v in before.items()}
+    from mlx.utils import tree_unflatten
+
+    opt.update(model, tree_unflatten(list(grads.items())))
+    after = dict(tree_flatten(model.parameters()))
+    moved = {k: float(np.abs(np.array(after[k] - before[k])).mean()) for k in before}
+    cross = [v for k, v in moved.items() if ".cross_attn" in k]
+    rest = [v for k, v in moved.items() if ".cross_attn" not in k]
+    assert cross and rest
+    # (MLX's AdamW has no bias correction: the first move is lr * 0.1 / sqrt(0.001), the same factor for both)
+    assert np.allclose(cross, cross[0], rtol=1e-3) and np.allclose(rest, rest[0], rtol=1e-3)
+    assert abs(cross[0] / rest[0] - 10.0) < 1e-2
+    assert abs(base_learning_rate(opt) - 1e-3) < 1e-9
+    plain = make_optimizer(TrainSettings(lr=1e-3), total_steps=10)
+    assert not hasattr(plain, "optimizers")

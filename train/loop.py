@@ -5,6 +5,7 @@ and an evaluation; the loop owns the optimizer, schedule, compiled steps, gradie
 accumulation and clipping, metrics, checkpoints, resume, Ctrl-C and non-finite losses."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -61,10 +62,27 @@ def make_schedule(s: TrainSettings, total_steps: int) -> Callable:
     elif s.schedule == "linear":
         decay = optim.linear_schedule(s.lr, s.lr * 0.01, decay_steps)
     else:
-        decay = lambda _: s.lr  # noqa: E731
+        decay = optim.linear_schedule(s.lr, s.lr, 1)  # constant, but an array like the others
     if warmup == 0:
         return decay
     return optim.join_schedules([optim.linear_schedule(s.lr * 0.01, s.lr, warmup), decay], [warmup])
+
+
+def make_optimizer(s: TrainSettings, total_steps: int) -> optim.Optimizer:
+    """AdamW on the schedule; with `--new-lr-scale`, cross-attention (the part a BERT warm start
+    cannot initialise) gets its own AdamW at a multiple of it, so it catches up with the
+    pretrained rest instead of leaving the decoder a source-blind language model for longer."""
+    base = optim.AdamW(learning_rate=make_schedule(s, total_steps), weight_decay=s.weight_decay)
+    if s.new_lr_scale == 1.0:
+        return base
+    scaled = dataclasses.replace(s, lr=s.lr * s.new_lr_scale)
+    fresh = optim.AdamW(learning_rate=make_schedule(scaled, total_steps), weight_decay=s.weight_decay)
+    return optim.MultiOptimizer([fresh, base], [lambda path, _: ".cross_attn" in path])
+
+
+def base_learning_rate(optimizer: optim.Optimizer) -> float:
+    opt = optimizer.optimizers[-1] if isinstance(optimizer, optim.MultiOptimizer) else optimizer
+    return float(opt.learning_rate.item()) if isinstance(opt.learning_rate, mx.array) else float(opt.learning_rate)
 
 
 class _StopFlag:
@@ -103,7 +121,7 @@ def run(
     if per_epoch < 1:
         raise ValueError(f"Not enough data for one optimizer step: {task.num_batches()} batches, --grad-accum {s.grad_accum}.")
     total = s.max_steps or math.ceil(s.epochs * per_epoch)
-    optimizer = optim.AdamW(learning_rate=make_schedule(s, total), weight_decay=s.weight_decay)
+    optimizer = make_optimizer(s, total)
     state = TrainerState(task=task.name, seed=s.seed, metric_name=task.metric)
     checkpoints = list_checkpoints(run_dir)
     if s.resume and checkpoints:
@@ -204,7 +222,7 @@ def run(
             bar.update(1)
             if state.step % s.log_every == 0 or state.step == total:
                 tps = window["tokens"] / max(window["time"], 1e-9)
-                lr = float(optimizer.learning_rate.item()) if isinstance(optimizer.learning_rate, mx.array) else s.lr
+                lr = base_learning_rate(optimizer)
                 metrics = {
                     "train/loss": float(np.mean(window["loss"])),
                     "train/lr": lr,
