@@ -19,7 +19,7 @@ FT=(-m train.finetune --data "$SHARED/data/cnndm/train.jsonl.gz" --val-data "$SH
 mkdir -p "$OUT"
 run() { local name=$1; shift; [ -f "$OUT/$name/done" ] && return; "$PY" "$@" --out "$OUT/$name" --resume && touch "$OUT/$name/done"; }
 
-run mlm_wikitext2 -m train.pretrain --data "$SHARED/data/wikitext2" --preset minilm --batch-size 32 --block-size 128 \
+run mlm_wikitext2 -m train.pretrain --data "$SHARED/data/wikitext2" --preset minilm --batch-size 16 --block-size 128 \
     --lr 5e-4 --warmup-steps 30 --max-steps "$MLM_STEPS" --eval-every "$MLM_STEPS" --save-every 100 --keep-last 1 \
     --val-batches 10 --log-every 10
 MLM_CKPT=$(ls -d "$OUT"/mlm_wikitext2/checkpoints/step_* | tail -1)
