@@ -25,7 +25,22 @@ fi
 
 if [[ ! -x .venv/bin/python ]]; then
   echo "==> Creating .venv with $($PY --version)"
-  $PY -m venv .venv
+  if ! $PY -m venv .venv 2>/dev/null; then
+    # Debian/Ubuntu ship venv's pip bootstrap separately (python3-venv / python3.X-venv).
+    rm -rf .venv
+    ver=$($PY -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    as_root=""
+    [[ "$(id -u)" != "0" ]] && command -v sudo >/dev/null && as_root="sudo"
+    if command -v apt-get >/dev/null && { [[ "$(id -u)" == "0" ]] || [[ -n "$as_root" ]]; }; then
+      echo "==> Installing python$ver-venv (needed to create the virtual environment)"
+      $as_root apt-get update -qq && { $as_root apt-get install -y -qq "python$ver-venv" >/dev/null \
+        || $as_root apt-get install -y -qq python3-venv >/dev/null; }
+      $PY -m venv .venv
+    else
+      echo "Could not create a virtual environment: install your distribution's python$ver-venv package and rerun." >&2
+      exit 1
+    fi
+  fi
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 echo "==> Installing requirements"

@@ -11,7 +11,9 @@ from .convert import ConversionError, load_hf_bert
 from .generate import DecodingConfig, DecodingError, Hypothesis, generate
 from .model import Bert2Bert, Intermediates
 from .rouge import RougeResult, lead3, rouge_scores
-from .summarize import AttentionMaps, InputError, StreamChunk, SummaryResult, stream_summarize, summarize
+from .summarize import (
+    AttentionMaps, InputError, StreamChunk, SummaryResult, attention_maps, stream_summarize, summarize,
+)
 from .tokenizer import Tokenizer, TokenizerError
 
 __version__ = "0.1.0"
@@ -20,6 +22,6 @@ __all__ = [
     "AttentionMaps", "B2BConfig", "Bert2Bert", "CheckpointError", "ConfigError", "ConversionError",
     "DecoderCache", "DecodingConfig", "DecodingError", "Hypothesis", "InputError", "Intermediates",
     "LayerCache", "PRESETS", "RougeResult", "StreamChunk", "SummaryResult", "Tokenizer", "TokenizerError",
-    "generate", "is_checkpoint", "lead3", "load_checkpoint", "load_hf_bert", "rouge_scores",
+    "attention_maps", "generate", "is_checkpoint", "lead3", "load_checkpoint", "load_hf_bert", "rouge_scores",
     "runtime_info", "save_checkpoint", "stream_summarize", "summarize",
 ]
