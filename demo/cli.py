@@ -2,23 +2,29 @@
 
     python -m demo.cli [--checkpoint DIR | --watch logs] [--text TEXT | --file PATH] [decoding flags]
 
-Without --text/--file it opens a prompt: a line of text is summarized, `>file PATH` summarizes
-a file, `>eval [N]` runs ROUGE on the bundled CNN/DM sample (model vs Lead-3), `>exit` quits."""
+Without --text/--file it opens a prompt: an article typed or pasted there, ended by an empty
+line, is summarized (blank lines inside a paste do not end it), `>file PATH` summarizes a file,
+`>eval [N]` runs ROUGE on the bundled CNN/DM sample (model vs Lead-3), `>exit` quits."""
 from __future__ import annotations
 
 import argparse
 import logging
+import select
 import sys
+from typing import Callable
 
 import b2b  # noqa: F401 - preloads the fast BLAS before mlx
 from b2b import summarize
 
 from .data import SAMPLE_SET, SAMPLE_SIZE
-from .store import CheckpointStore, NoCheckpoint, Served
-from .validate import DECODING_FIELDS, SUMMARIZE_DEFAULTS, BadInput, check_text, decoding_kwargs, read_text_file
+from .store import CheckpointStore, NoCheckpoint, Served, train_hint
+from .validate import (
+    DECODING_FIELDS, SUMMARIZE_DEFAULTS, BadInput, check_text, clip_text, decoding_kwargs, read_text_file,
+)
 
-PROMPT = "b2b> "
-HELP = "Type or paste text to summarize · >file PATH · >eval [N] · >exit"
+PROMPT, MORE = "b2b> ", "...> "
+HELP = "Type or paste an article, then press Enter on an empty line to summarize it · >file PATH · >eval [N] · >exit"
+PASTE_WAIT = 0.05  # seconds: the lines of a paste reach the terminal together, typed ones do not
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,11 +50,15 @@ def decoding_from(a: argparse.Namespace) -> dict:
 def summarize_one(served: Served, text: str, decoding: dict, out=None, err=None) -> str:
     """Print the summary (stdout) and its statistics (stderr); return the summary."""
     out, err = out or sys.stdout, err or sys.stderr
-    r = summarize(served.model, served.tokenizer, check_text(text), **decoding)
+    max_positions = served.model.config.max_positions
+    text = check_text(text, max_positions)
+    read = clip_text(text, max_positions)  # past this the model reads nothing: not worth tokenizing
+    r = summarize(served.model, served.tokenizer, read, **decoding)
     print(r.text or "(empty summary)", file=out, flush=True)
-    truncated = f", truncated to {served.model.config.max_positions}" if r.truncated else ""
+    cut = f"text cut to its first {len(read):,} of {len(text):,} characters: " if len(read) < len(text) else ""
+    truncated = f", truncated to {max_positions}" if r.truncated else ""
     print(
-        f"[{r.num_input_tokens} input tokens{truncated}; {r.num_tokens} summary tokens in {r.seconds:.2f} s, "
+        f"[{cut}{r.num_input_tokens} input tokens{truncated}; {r.num_tokens} summary tokens in {r.seconds:.2f} s, "
         f"{r.tokens_per_sec:.1f} tokens/s]",
         file=err, flush=True,
     )
@@ -74,8 +84,40 @@ def run_eval(served: Served, n: int, decoding: dict, out=None) -> None:
     print(report.table(), file=out, flush=True)
 
 
+def paste_waiting(stream=None, wait: float = PASTE_WAIT) -> bool:
+    """True when more input is already waiting on a terminal, as it is inside a paste."""
+    stream = stream or sys.stdin
+    try:
+        return stream.isatty() and bool(select.select([stream], [], [], wait)[0])
+    except (OSError, ValueError, AttributeError):  # no select on this stream (Windows, a test's StringIO)
+        return False
+
+
+def read_entry(read: Callable[[str], str] = input, more: Callable[[], bool] = paste_waiting) -> str | None:
+    """One entry at the prompt: a `>command` line, or an article's lines up to an empty line
+    (one that `more()` says is followed by more pasted lines does not end it). None at the end
+    of the input."""
+    try:
+        first = read(PROMPT)
+    except EOFError:
+        return None
+    if not first.strip() or first.lstrip().startswith(">"):
+        return first
+    lines = [first]
+    while True:
+        try:
+            line = read(MORE)
+        except EOFError:
+            break
+        if not line.strip() and not more():
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def handle(line: str, served: Served, decoding: dict, out=None, err=None) -> bool:
-    """One prompt line; False when the user asked to quit. Bad input prints one sentence."""
+    """One prompt entry (a command, or an article of one or more lines); False when the user
+    asked to quit. Bad input prints one sentence."""
     out, err = out or sys.stdout, err or sys.stderr
     line = line.strip()
     if not line:
@@ -104,6 +146,14 @@ def handle(line: str, served: Served, decoding: dict, out=None, err=None) -> boo
     return True
 
 
+def no_checkpoint_message(watch: str) -> str:
+    """What to do when there is no model: the command that trains one where this looks."""
+    return (
+        f"There is no checkpoint under {watch} and no demo/checkpoint/ to fall back on; train a small one "
+        f"in a few minutes with `{train_hint(watch)}` and run this again, or pass --checkpoint DIR."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     a = parse_args(argv)
@@ -118,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.file is not None:
             summarize_one(served, read_text_file(a.file, require_suffix=False), decoding)
             return 0
-    except NoCheckpoint as e:
-        print(f"error: {store.warning or e}", file=sys.stderr)
+    except NoCheckpoint:
+        print(f"error: {store.warning or no_checkpoint_message(a.watch)}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -127,11 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Model: {served.headline()} ({served.path})\n{HELP}", file=sys.stderr)
     while True:
         try:
-            line = input(PROMPT)
-        except (EOFError, KeyboardInterrupt):
+            entry = read_entry()
+        except KeyboardInterrupt:
+            entry = None
+        if entry is None:
             print(file=sys.stderr)
             return 0
-        if not handle(line, served, decoding):
+        if not handle(entry, served, decoding):
             return 0
 
 

@@ -55,9 +55,10 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             )
             no_repeat = gr.Slider(0, 6, value=d["no_repeat_ngram_size"], step=1, label="No-repeat n-gram size", info="0: off")
         with gr.Row():
-            limits = dict(precision=0, maximum=MAX_NEW_TOKENS)
-            min_length = gr.Number(value=d["min_length"], minimum=0, label="Min length (tokens)", **limits)
-            max_length = gr.Number(value=d["max_length"], minimum=1, label="Max length (tokens)", **limits)
+            # No minimum/maximum on these: gradio would refuse an out-of-range value with a vague
+            # error; decoding_kwargs checks the range and says it in one sentence.
+            min_length = gr.Number(d["min_length"], precision=0, label="Min length (tokens)", info=f"0 to {MAX_NEW_TOKENS}")
+            max_length = gr.Number(d["max_length"], precision=0, label="Max length (tokens)", info=f"1 to {MAX_NEW_TOKENS}")
         sampling = d["strategy"] == "sampling"
         with gr.Row():
             temperature = gr.Slider(0.0, 2.0, value=d["temperature"], step=0.05, label="Temperature", visible=sampling)

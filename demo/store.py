@@ -28,9 +28,15 @@ BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint")
 _STEP = re.compile(r"step_(\d+)$")
 SERVED_TASK = "summarization"  # trainer_state.json "task" of checkpoints worth serving
 _MAX_DEPTH = 4  # logs/RUN/checkpoints/step_N is three levels down
-TRAIN_HINT = (
-    "python -m train.finetune --preset tiny --max-steps 200 --save-every 50 --out logs/quick"
-)
+
+
+def train_hint(watch_root: str = "logs") -> str:
+    """The command that trains a small model (a few minutes on a laptop, bundled sample data)
+    into a folder under `watch_root`, where the app and the CLI look for checkpoints."""
+    out = os.path.join(watch_root, "quick")
+    return f"python -m train.finetune --preset tiny --max-steps 200 --save-every 50 --out {out}"
+
+
 TRAIN_FULL = (
     "python -m train.finetune --init ../shared/models/minilm-l6-h384-uncased "
     "--data ../shared/data/cnndm/train.jsonl.gz --val-data ../shared/data/cnndm/val.jsonl.gz --out logs/cnndm"
@@ -70,6 +76,11 @@ class Served:
     @property
     def path(self) -> str:
         return self.candidate.path
+
+    @property
+    def identity(self) -> tuple:
+        """Which weights these are: changes with every swap, a rewritten folder included."""
+        return (self.candidate.path, self.candidate.signature, self.loaded_at)
 
     @property
     def step(self) -> int | None:
@@ -196,10 +207,15 @@ class CheckpointStore:
         served = self.current()
         if served is None:
             raise NoCheckpoint(
-                f"No checkpoint is loaded yet: train one with {TRAIN_HINT} "
+                f"No checkpoint is loaded yet: train one with {self.train_hint} "
                 "(new checkpoints are picked up by themselves) or pass --checkpoint DIR."
             )
         return served
+
+    @property
+    def train_hint(self) -> str:
+        """The command that trains a small model where this store looks."""
+        return train_hint(self.watch_root or "logs")
 
     @property
     def warning(self) -> str | None:
@@ -316,7 +332,7 @@ class CheckpointStore:
             "runtime": runtime,
         }
         if served is None:
-            out["how_to_get_one"] = TRAIN_HINT
+            out["how_to_get_one"] = self.train_hint
         return out
 
 

@@ -12,15 +12,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import gradio as gr
-import mlx.core as mx
 import numpy as np
 
-from b2b import AttentionMaps
-from b2b.summarize import attention_maps
+from b2b import AttentionMaps, Bert2Bert, Tokenizer, attention_maps
 
 from .errors import ui_errors
 from .figures import STANDS_OUT, attention_heatmap, empty_figure, head_grid, highlight_source, token_axis, top_words
-from .store import CheckpointStore, Served
+from .store import CheckpointStore
 from .validate import BadInput
 
 KINDS = {
@@ -36,7 +34,7 @@ PLACEHOLDER = "Summarize a text on the Summarize tab: its attention shows here."
 
 
 class MapsCache:
-    """The attention maps of the last few (checkpoint, text, summary) triples, so moving a
+    """The attention maps of the last few (model, text, summary) triples, so moving a
     slider does not rerun the model. One per app, not a module global."""
 
     def __init__(self, size: int = 3) -> None:
@@ -58,26 +56,33 @@ class MapsCache:
                 self._items.popitem(last=False)
 
 
-def _compute(served: Served, text: str, summary_ids: list[int], ended: bool) -> AttentionMaps:
+def _compute(model: Bert2Bert, tokenizer: Tokenizer, text: str, summary_ids: list[int], ended: bool) -> AttentionMaps:
     """Runs on the model worker: one teacher-forced pass with explicit attention."""
-    model, tok = served.model, served.tokenizer
-    enc = tok.encode(text, max_length=model.config.max_positions)
-    src = mx.array([enc.ids], dtype=mx.int32)
-    return attention_maps(model, tok, src, summary_ids, ended)
+    import mlx.core as mx  # attention_maps wants the source ids as an mx.array (mlx cannot index with numpy)
+
+    enc = tokenizer.encode(text, max_length=model.config.max_positions)
+    return attention_maps(model, tokenizer, mx.array([enc.ids], dtype=mx.int32), summary_ids, ended)
 
 
-def get_maps(store: CheckpointStore, cache: MapsCache, last: dict | None) -> tuple[AttentionMaps, Served]:
-    """Maps for the latest summary, computed with the served model (cached)."""
+def get_maps(store: CheckpointStore, cache: MapsCache, last: dict | None) -> AttentionMaps:
+    """Maps for the latest summary, computed with the model that wrote it (cached). If the
+    store has swapped in another checkpoint since, BadInput asks for a new summary: the
+    attention of other weights would not explain this summary."""
     if not last:
         raise BadInput(PLACEHOLDER)
-    served = store.require()
     digest = hashlib.sha1(last["text"].encode("utf-8", "replace")).hexdigest()
-    key = (served.path, served.candidate.signature, digest, tuple(last["summary_ids"]), last["ended"])
+    key = (last.get("model"), digest, tuple(last["summary_ids"]), last["ended"])
     maps = cache.get(key)
     if maps is None:
-        maps = store.worker.run(_compute, served, last["text"], last["summary_ids"], last["ended"])
+        served = store.require()
+        if served.identity != last.get("model"):
+            raise BadInput(
+                f"This summary was written by {last.get('headline', 'an earlier model')}, but the app now serves "
+                f"{served.headline()}: summarize again to see the attention of the model that is served."
+            )
+        maps = store.worker.run(_compute, served.model, served.tokenizer, last["text"], last["summary_ids"], last["ended"])
         cache.put(key, maps)
-    return maps, served
+    return maps
 
 
 def token_choices(maps: AttentionMaps) -> list[tuple[str, int]]:
@@ -193,7 +198,7 @@ def build(store: CheckpointStore, last: gr.State, concurrency: int | None = 2) -
     def on_new_summary(last_value, kind_v, mode_v, size_v):
         if not last_value:
             return (gr.skip(),) * 4 + (empty_figure("Attention", PLACEHOLDER), None, PLACEHOLDER)
-        maps, _ = get_maps(store, cache, last_value)
+        maps = get_maps(store, cache, last_value)
         layers, heads = maps.cross.shape[0], maps.cross.shape[1]
         top_layer = layers - 1
         src_len = len(maps.source_tokens)
@@ -210,7 +215,7 @@ def build(store: CheckpointStore, last: gr.State, concurrency: int | None = 2) -
     def on_change(last_value, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v):
         if not last_value:
             return empty_figure("Attention", PLACEHOLDER), None, PLACEHOLDER
-        maps, _ = get_maps(store, cache, last_value)
+        maps = get_maps(store, cache, last_value)
         view = render(maps, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v)
         return view.figure, view.highlight, view.info
 

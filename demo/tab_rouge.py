@@ -38,12 +38,23 @@ class EvalOutput:
 
 
 def guess_fields(fields: list[str]) -> tuple[str | None, str | None]:
-    """The likely article and reference fields of a pairs file."""
+    """The article and reference fields of a pairs file, found by name (ARTICLE_GUESSES,
+    REFERENCE_GUESSES, any case); None for one that is not there: never a guess by position."""
     lower = {f.lower(): f for f in fields}
-    article = next((lower[g] for g in ARTICLE_GUESSES if g in lower), fields[0] if fields else None)
-    rest = [f for f in fields if f != article]
-    reference = next((lower[g] for g in REFERENCE_GUESSES if g in lower), rest[0] if rest else None)
+    article = next((lower[g] for g in ARTICLE_GUESSES if g in lower), None)
+    reference = next((lower[g] for g in REFERENCE_GUESSES if g in lower), None)
     return article, reference
+
+
+def missing_fields_sentence(name: str, fields: list[str]) -> str:
+    """Why a pairs file is not scored as it is: the fields found and the names accepted."""
+    article, reference = guess_fields(fields)
+    which = " and ".join(w for w, f in (("article", article), ("reference", reference)) if f is None) or "usable"
+    return (
+        f"{name} has no {which} field with a name the app knows (its fields are: {', '.join(fields) or 'none'}); "
+        f"name the article field one of {', '.join(ARTICLE_GUESSES)} and the reference field one of "
+        f"{', '.join(REFERENCE_GUESSES)}, or choose both fields in the lists."
+    )
 
 
 def _articles(n: int) -> str:
@@ -86,6 +97,8 @@ def run_eval(
         raise BadInput(f"N must be between 1 and {MAX_EXAMPLES}, not {n}.")
     path = SAMPLE_SET if source == SAMPLE else check_data_file(upload)
     if not article_field or not reference_field:
+        if source != SAMPLE and None in guess_fields(fields := data_fields(path)):
+            raise BadInput(missing_fields_sentence(os.path.basename(path), fields))
         raise BadInput("Choose the article field and the reference field.")
     if article_field == reference_field:
         raise BadInput("The article and the reference must be different fields.")
@@ -175,6 +188,8 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
             gr.Warning(str(e), title="File not loaded")
             return gr.skip(), gr.skip(), None
         article, reference = guess_fields(fields)
+        if article is None or reference is None:  # not scored until the person picks the fields
+            gr.Warning(missing_fields_sentence(os.path.basename(path), fields), title="Which fields?")
         return gr.update(choices=fields, value=article), gr.update(choices=fields, value=reference), gr.skip()
 
     # Gradio hands gr.Progress only to a positional parameter: the decoding values are spelled out.

@@ -12,33 +12,50 @@ from b2b import SummaryResult, stream_summarize, summarize
 from .controls import SUMMARIZE_DEFAULTS, DecodingControls, build_decoding_controls
 from .data import example_label, load_examples
 from .errors import ui_errors
-from .store import CheckpointStore
-from .validate import BadInput, check_text, decoding_kwargs, read_text_file
+from .store import CheckpointStore, Served
+from .validate import BadInput, check_text, clip_text, decoding_kwargs, read_text_file
 
 STREAM_INTERVAL = 0.05  # seconds between UI updates while tokens arrive
 
 
-def stats_markdown(r: SummaryResult, max_positions: int) -> str:
-    """Input size, truncation notice, time and speed of one summary."""
-    parts = [f"**Input:** {r.num_input_tokens:,} tokens"]
-    if r.truncated:
+def stats_markdown(r: SummaryResult, max_positions: int, chars: int | None = None, read_chars: int | None = None) -> str:
+    """Input size, truncation notice, time and speed of one summary; `chars`/`read_chars` say
+    that a long text was cut to its first `read_chars` characters before tokenizing."""
+    cut = chars is not None and read_chars is not None and read_chars < chars
+    if cut:
+        parts = [
+            f"**Input:** {chars:,} characters, cut to the first {read_chars:,} before tokenizing "
+            f"({r.num_input_tokens:,} tokens)"
+        ]
+    else:
+        parts = [f"**Input:** {r.num_input_tokens:,} tokens"]
+    if r.truncated or cut:
         parts.append(
-            f"⚠️ **Truncated:** the model reads only the first {max_positions} of them; the rest of the text was ignored"
+            f"⚠️ **Truncated:** the model reads only the first {max_positions} tokens; the rest of the text was ignored"
         )
     ended = "end of summary" if r.finish_reason == "eos" else "max length reached"
     parts.append(f"**Summary:** {r.num_tokens} tokens ({ended}) in {r.seconds:.2f} s · {r.tokens_per_sec:.1f} tokens/s")
     return "  \n".join(parts)
 
 
+def _prepare(store: CheckpointStore, text: object, decoding: tuple) -> tuple[Served, str, dict]:
+    """Check the request and pick its model: (served, text cut to what the model can read,
+    decoding kwargs). BadInput or NoCheckpoint with one sentence."""
+    served = store.current()  # one model for the whole request, even if a reload swaps it
+    text = check_text(text, served.model.config.max_positions if served else None)
+    kw = decoding_kwargs(*decoding)
+    if served is None:
+        served = store.require()  # NoCheckpoint says how to get one
+    return served, clip_text(text, served.model.config.max_positions), kw
+
+
 def summarize_stream(store: CheckpointStore, text: str, *decoding) -> Iterator[tuple]:
     """Handler: yields (summary so far, stats, attention-tab state); the state is only set at
     the end (gr.skip() before), so the Attention tab follows finished summaries."""
-    text = check_text(text)
-    kw = decoding_kwargs(*decoding)
-    served = store.require()  # one model for the whole request, even if a reload swaps it
+    served, read, kw = _prepare(store, text, decoding)
     yield "", "Generating…", gr.skip()
     last = 0.0
-    for chunk in store.worker.iterate(lambda: stream_summarize(served.model, served.tokenizer, text, **kw)):
+    for chunk in store.worker.iterate(lambda: stream_summarize(served.model, served.tokenizer, read, **kw)):
         r = chunk.result
         if r is None:
             now = time.perf_counter()
@@ -47,23 +64,22 @@ def summarize_stream(store: CheckpointStore, text: str, *decoding) -> Iterator[t
                 yield chunk.text, f"Generating… {len(chunk.token_ids)} tokens", gr.skip()
             continue
         state = {
-            "text": text,
+            "text": read,
             "summary": r.text,
             "summary_ids": list(r.token_ids),
             "ended": r.finish_reason == "eos",
             "checkpoint": served.path,
+            "model": served.identity,  # the Attention tab must use these weights, not a newer swap
             "headline": served.headline(),
         }
         summary = r.text if r.text.strip() else "(the model produced an empty summary)"
-        yield summary, stats_markdown(r, served.model.config.max_positions), state
+        yield summary, stats_markdown(r, served.model.config.max_positions, len(text), len(read)), state
 
 
 def summarize_text(store: CheckpointStore, text: str, *decoding) -> str:
     """Handler for the `summarize` API: the finished summary only."""
-    text = check_text(text)
-    kw = decoding_kwargs(*decoding)
-    served = store.require()
-    return store.worker.run(summarize, served.model, served.tokenizer, text, **kw).text
+    served, read, kw = _prepare(store, text, decoding)
+    return store.worker.run(summarize, served.model, served.tokenizer, read, **kw).text
 
 
 def load_file(path: str | None) -> str:

@@ -11,7 +11,7 @@ import gradio as gr
 from train.writer import METRICS_FILE, read_metrics
 
 from .figures import curves
-from .store import TRAIN_HINT, CheckpointStore
+from .store import CheckpointStore
 
 LOSS_TAGS = ["train/loss", "val/loss"]
 ROUGE_TAGS = ["val/rouge1", "val/rouge2", "val/rougeLsum"]
@@ -46,7 +46,7 @@ def served_markdown(store: CheckpointStore) -> str:
     """The served checkpoint: run, step, when loaded, its validation scores if known."""
     served = store.current()
     if served is None:
-        text = f"**No checkpoint is served yet.** Train one with `{TRAIN_HINT}`; the app loads it by itself."
+        text = f"**No checkpoint is served yet.** Train one with `{store.train_hint}`; the app loads it by itself."
     else:
         vals = served.val_metrics
         scores = ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in sorted(vals.items())) or "not recorded"

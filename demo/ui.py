@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from . import tab_attention, tab_rouge, tab_summarize, tab_training
-from .store import TRAIN_FULL, TRAIN_HINT, CheckpointStore
+from .store import TRAIN_FULL, CheckpointStore
 
 TITLE = "b2b · BERT2BERT summarization"
 HEADER_SECONDS = 3.0
@@ -28,7 +28,7 @@ def header_markdown(store: CheckpointStore) -> str:
             "The app is running, but there is no model to serve. Train one and it appears here by "
             "itself (the app watches "
             f"`{store.watch_root if not store.pinned else store.pinned}`):\n\n"
-            f"```bash\n# a few minutes on a laptop, tiny model, bundled sample data\n{TRAIN_HINT}\n\n"
+            f"```bash\n# a few minutes on a laptop, tiny model, bundled sample data\n{store.train_hint}\n\n"
             f"# the real thing: MiniLM warm start on CNN/DailyMail\n{TRAIN_FULL}\n```\n"
             "or start the app on an existing checkpoint folder with `python app.py --checkpoint DIR`."
         )

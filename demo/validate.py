@@ -12,7 +12,10 @@ import os
 
 from b2b import DecodingConfig
 
-MAX_TEXT_BYTES = 1_000_000  # the model reads ~512 tokens (~2,500 characters); 1 MB is never an article
+MAX_TEXT_BYTES = 1_000_000  # the model reads a few hundred tokens (~2,500 characters); 1 MB is never an article
+# Text past this many characters per position is never read: a word piece is rarely longer, so
+# it is cut before tokenizing (a pasted megabyte would otherwise take seconds to tokenize).
+CHARS_PER_POSITION = 20
 MAX_DATA_BYTES = 200_000_000
 TEXT_SUFFIXES = (".txt", ".md")
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".jsonl.gz")
@@ -37,21 +40,34 @@ def _megabytes(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def check_text(text: object) -> str:
-    """The text to summarize, or BadInput for empty, binary or oversized text."""
+def check_text(text: object, max_positions: int | None = None) -> str:
+    """The text to summarize, or BadInput for empty, binary or oversized text; the message
+    names the model's input size (`max_positions` tokens) when it is given."""
     if text is None or (isinstance(text, str) and not text.strip()):
         raise BadInput("There is no text to summarize: paste an article or upload a .txt or .md file.")
     if not isinstance(text, str):
         raise BadInput(f"The text must be a string, not {type(text).__name__}.")
     size = len(text.encode("utf-8", errors="replace"))
     if size >= MAX_TEXT_BYTES:
+        reads = f"its first {max_positions} tokens" if max_positions else "the start of it"
         raise BadInput(
-            f"The text is {_megabytes(size)}, over the 1 MB limit; the model reads only its first "
-            "512 tokens, so paste a single article."
+            f"The text is {_megabytes(size)}, over the 1 MB limit; the model reads only {reads}, "
+            "so paste a single article."
         )
     if "\x00" in text:
         raise BadInput("The text contains NUL characters, so it looks like binary data: paste plain text.")
     return text
+
+
+def clip_text(text: str, max_positions: int) -> str:
+    """`text` cut to about CHARS_PER_POSITION x `max_positions` characters (at a space where
+    there is one), the most the model could read of it; shorter text is returned unchanged."""
+    limit = CHARS_PER_POSITION * max_positions
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    space = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
+    return head[:space] if space > limit // 2 else head
 
 
 def _name(path: str) -> str:
@@ -118,7 +134,8 @@ def data_fields(path: str) -> list[str]:
     name = _name(path)
     opener = gzip.open if path.lower().endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
+        # utf-8-sig: a spreadsheet's CSV export starts with a byte-order mark, not part of the name
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
             if path.lower().endswith(".csv"):
                 header = next(csv.reader(f), None)
                 if not header:

@@ -35,7 +35,10 @@ def test_errors_are_one_line_and_exit_2(ckpt, tmp_path, capsys):
     assert cli.main(["--checkpoint", ckpt, "--text", "  ", *FAST]) == 2
     assert capsys.readouterr().err.startswith("error: There is no text")
     assert cli.main(["--watch", str(tmp_path), "--text", "hello"]) == 2
-    assert "train.finetune" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # The exact command, writing where this CLI looks, and the bundled fallback it also tried.
+    assert f"python -m train.finetune --preset tiny --max-steps 200 --save-every 50 --out {tmp_path / 'quick'}" in err
+    assert "demo/checkpoint/" in err and err.count("\n") == 1
     assert cli.main(["--checkpoint", ckpt, "--text", "hi", "--min-length", "9", "--max-length", "3"]) == 2
 
 
@@ -56,7 +59,25 @@ def test_prompt_commands(ckpt, tmp_path):
 
 
 def test_interactive_loop_reads_until_exit(ckpt, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("Some news today.\n>exit\nnot reached\n"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Some news today.\n\n>exit\nnot reached\n"))
     assert cli.main(["--checkpoint", ckpt, *FAST]) == 0
     _, err = capsys.readouterr()
     assert err.count("input tokens") == 1
+
+
+def test_a_multi_line_paste_is_one_article(ckpt, monkeypatch, capsys):
+    article = "The storm reached the coast on Monday.\nThousands lost power.\nSchools stay closed.\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(article + "\n" + "A second article.\n\n>exit\n"))
+    assert cli.main(["--checkpoint", ckpt, *FAST]) == 0
+    _, err = capsys.readouterr()
+    assert err.count("input tokens") == 2  # the three lines were one article
+    assert "empty line" in cli.HELP
+
+
+def test_blank_lines_inside_a_paste_do_not_end_the_article():
+    lines = iter(["First paragraph.", "", "Second paragraph.", "", ">exit"])
+    waiting = iter([True, False])  # after the first blank line more of the paste is waiting
+    entry = cli.read_entry(lambda prompt: next(lines), lambda: next(waiting))
+    assert entry == "First paragraph.\n\nSecond paragraph."
+    assert cli.read_entry(lambda prompt: next(lines), lambda: False) == ">exit"
+    assert cli.read_entry(lambda prompt: (_ for _ in ()).throw(EOFError), lambda: False) is None

@@ -13,7 +13,7 @@ from demo import tab_attention, tab_rouge, tab_summarize, tab_training
 from demo.errors import ui_errors
 from demo.store import CheckpointStore, NoCheckpoint
 from demo.ui import build_app, header_markdown
-from demo.validate import EVAL_DEFAULTS, SUMMARIZE_DEFAULTS, BadInput
+from demo.validate import CHARS_PER_POSITION, EVAL_DEFAULTS, SUMMARIZE_DEFAULTS, BadInput
 
 FAST = dict(SUMMARIZE_DEFAULTS, num_beams=2, min_length=0, max_length=6)
 DECODING = [FAST[k] for k in SUMMARIZE_DEFAULTS]
@@ -71,6 +71,19 @@ def test_long_input_shows_the_truncation_notice(store):
     assert "Truncated" in stats and "first 128" in stats
 
 
+def test_a_pasted_megabyte_is_cut_before_it_is_tokenized(store, monkeypatch):
+    served = store.current()
+    seen = []
+    encode = type(served.tokenizer).encode
+    monkeypatch.setattr(type(served.tokenizer), "encode", lambda self, t, *a, **k: seen.append(len(t)) or encode(self, t, *a, **k))
+    text = "word " * 190_000  # 950 KB: under the 1 MB limit
+    *_, (_, stats, state) = tab_summarize.summarize_stream(store, text, *DECODING)
+    limit = CHARS_PER_POSITION * served.model.config.max_positions
+    assert seen and max(seen) <= limit  # the tokenizer never saw the megabyte
+    assert len(state["text"]) <= limit  # and the Attention tab reads the same text
+    assert "950,000 characters, cut to the first" in stats and "Truncated" in stats
+
+
 def test_summarize_api_returns_text(store):
     assert isinstance(tab_summarize.summarize_text(store, ARTICLE, *DECODING), str)
 
@@ -80,6 +93,7 @@ def test_summarize_api_returns_text(store):
     [
         ("   ", DECODING, "no text to summarize"),
         ("x" * 1_000_001, DECODING, "1 MB"),
+        ("x" * 1_000_001, DECODING, "reads only its first 128 tokens"),  # the served model's size
         (ARTICLE, ["beam", 4, 1.0, 3, 50, 10, 1.0, 50, 0.9, -1], "must not exceed max length"),
         (ARTICLE, ["sampling", 1, 1.0, 3, 0, 10, 1.0, 50, 1.5, -1], "Top-p"),
     ],
@@ -131,8 +145,8 @@ def last_state(store):
 
 def test_attention_maps_are_cached_per_summary(store, last_state):
     cache = tab_attention.MapsCache()
-    maps, _ = tab_attention.get_maps(store, cache, last_state)
-    again, _ = tab_attention.get_maps(store, cache, last_state)
+    maps = tab_attention.get_maps(store, cache, last_state)
+    again = tab_attention.get_maps(store, cache, last_state)
     assert again is maps
     n_src = len(maps.source_tokens)
     assert n_src == 128 and maps.encoder.shape == (2, 4, n_src, n_src)
@@ -143,7 +157,7 @@ def test_attention_maps_are_cached_per_summary(store, last_state):
 @pytest.mark.parametrize("head", [tab_attention.MEAN, tab_attention.GRID, "head 3"])
 @pytest.mark.parametrize("mode", list(tab_attention.MODES))
 def test_every_view_renders(store, last_state, kind, head, mode):
-    maps, _ = tab_attention.get_maps(store, tab_attention.MapsCache(), last_state)
+    maps = tab_attention.get_maps(store, tab_attention.MapsCache(), last_state)
     view = tab_attention.render(maps, kind, 1, head, mode, 40, 32, 1)
     heatmaps = [t for t in view.figure.data if t.type == "heatmap"]
     assert len(heatmaps) == (4 if head == tab_attention.GRID else 1)
@@ -154,13 +168,33 @@ def test_every_view_renders(store, last_state, kind, head, mode):
     assert "Strongest weight" in view.info and ("attended most to" in view.info or "almost uniformly" in view.info)
 
 
+def test_attention_of_an_older_summary_never_uses_a_newer_model(tmp_path):
+    def save(step):
+        save_checkpoint(Bert2Bert(B2BConfig.preset("tiny")), Tokenizer.default(), str(tmp_path / "run" / "checkpoints" / f"step_{step:07d}"))
+
+    save(1)
+    store = CheckpointStore(str(tmp_path), fallback=None, settle_seconds=0.0)
+    store.refresh()
+    *_, (_, _, old) = tab_summarize.summarize_stream(store, ARTICLE, *DECODING)
+    cache = tab_attention.MapsCache()
+    maps = tab_attention.get_maps(store, cache, old)
+    save(2)  # training writes a newer checkpoint; the store swaps it in
+    assert store.refresh() and store.current().step == 2
+    assert tab_attention.get_maps(store, cache, old) is maps  # computed with the model that wrote it
+    with pytest.raises(BadInput, match="summarize again") as err:
+        tab_attention.get_maps(store, tab_attention.MapsCache(), old)  # not cached: refused, not mixed
+    assert "step 1" in str(err.value) and "step 2" in str(err.value) and "\n" not in str(err.value)
+    *_, (_, _, new) = tab_summarize.summarize_stream(store, ARTICLE, *DECODING)
+    assert tab_attention.get_maps(store, cache, new) is not maps
+
+
 def test_attention_needs_a_summary_first(store):
     with pytest.raises(BadInput, match="Summarize a text"):
         tab_attention.get_maps(store, tab_attention.MapsCache(), None)
 
 
 def test_a_head_that_does_not_exist_is_one_sentence(store, last_state):
-    maps, _ = tab_attention.get_maps(store, tab_attention.MapsCache(), last_state)
+    maps = tab_attention.get_maps(store, tab_attention.MapsCache(), last_state)
     with pytest.raises(BadInput, match="4 heads"):
         tab_attention.render(maps, "cross", 0, "head 9", "window", 0, 64, 0)
 
@@ -191,6 +225,21 @@ def test_rouge_on_an_upload_with_other_fields(store, tmp_path):
     assert tab_rouge.guess_fields(["id", "story", "summary"]) == ("story", "summary")
     out = tab_rouge.run_eval(store, tab_rouge.UPLOAD, str(data), "story", "summary", 5, 8, GREEDY, out_dir=str(tmp_path))
     assert out.report.n == 2
+
+
+def test_rouge_upload_with_unknown_field_names_is_not_scored(store, tmp_path):
+    # Before: the first two columns were taken for article and reference, and scored.
+    assert tab_rouge.guess_fields(["id", "body", "gist"]) == (None, None)
+    assert tab_rouge.guess_fields(["Text", "notes"]) == ("Text", None)
+    data = tmp_path / "pairs.csv"
+    data.write_text('id,body,gist\n1,"One. Two. Three. Four.","One."\n')
+    with pytest.raises(BadInput) as err:
+        tab_rouge.run_eval(store, tab_rouge.UPLOAD, str(data), None, None, 5, 8, GREEDY)
+    message = str(err.value)
+    assert "its fields are: id, body, gist" in message and "article, document, text" in message
+    assert "highlights, summary, reference" in message and "\n" not in message
+    # Chosen by hand, the same file is scored.
+    assert tab_rouge.run_eval(store, tab_rouge.UPLOAD, str(data), "body", "gist", 5, 8, GREEDY, out_dir=str(tmp_path)).report.n == 1
 
 
 def test_rouge_upload_without_the_fields_says_which_exist(store, tmp_path):

@@ -7,10 +7,12 @@ import json
 import pytest
 
 from demo.validate import (
+    CHARS_PER_POSITION,
     MAX_TEXT_BYTES,
     BadInput,
     check_data_file,
     check_text,
+    clip_text,
     data_fields,
     decoding_kwargs,
     read_text_file,
@@ -27,6 +29,23 @@ def test_text_of_a_megabyte_is_refused():
     with pytest.raises(BadInput, match="over the 1 MB limit"):
         check_text("a" * MAX_TEXT_BYTES)
     assert check_text("a" * (MAX_TEXT_BYTES - 1))
+
+
+def test_oversized_text_names_the_model_input_size_not_a_constant():
+    with pytest.raises(BadInput, match="reads only its first 128 tokens") as err:
+        check_text("a" * MAX_TEXT_BYTES, max_positions=128)
+    assert "512" not in str(err.value)
+    with pytest.raises(BadInput, match="reads only the start of it"):
+        check_text("a" * MAX_TEXT_BYTES)
+
+
+def test_long_text_is_cut_before_tokenizing():
+    limit = CHARS_PER_POSITION * 128
+    short = "word " * 10
+    assert clip_text(short, 128) is short
+    cut = clip_text("word " * 200_000, 128)  # a megabyte pasted
+    assert limit // 2 < len(cut) <= limit and cut.endswith("word")  # at a space, not mid-word
+    assert clip_text("x" * (3 * limit), 128) == "x" * limit  # no space: a hard cut
 
 
 def test_text_with_nul_bytes_is_refused():
@@ -102,6 +121,14 @@ def test_data_files(tmp_path):
 
     with pytest.raises(BadInput, match="not a .jsonl"):
         check_data_file(str(tmp_path / "x.xlsx"))
+
+    # A spreadsheet's CSV export (and some JSONL writers) start with a UTF-8 byte-order mark.
+    bom_csv = tmp_path / "bom.csv"
+    bom_csv.write_bytes("\ufeffarticle,highlights\nhello,world\n".encode("utf-8"))
+    assert data_fields(str(bom_csv)) == ["article", "highlights"]
+    bom_jsonl = tmp_path / "bom.jsonl"
+    bom_jsonl.write_bytes(("\ufeff" + json.dumps({"article": "x", "highlights": "y"}) + "\n").encode("utf-8"))
+    assert data_fields(str(bom_jsonl)) == ["article", "highlights"]
     with pytest.raises(BadInput, match="Upload"):
         check_data_file(None)
 
