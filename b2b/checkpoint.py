@@ -12,7 +12,7 @@ import shutil
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .config import B2BConfig
+from .config import B2BConfig, ConfigError
 from .model import Bert2Bert
 from .tokenizer import Tokenizer
 
@@ -20,12 +20,27 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 SAVE_DTYPES = (*_DTYPES, "int8")
+_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 _Q_GROUP = 64  # int8 affine quantization: one scale and offset per 64 weights
 _Q_SCALES, _Q_BIASES = ".__scales", ".__biases"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that exists but cannot be loaded (missing or misshapen tensor, bad file)."""
+    """A checkpoint that exists but cannot be loaded (missing or misshapen tensor, bad file),
+    or an unknown precision asked of one."""
+
+
+def _dtype_name(dtype: object, allowed: tuple[str, ...]) -> str:
+    """The canonical name of a precision given as a name, an alias (fp16, half, bf16, fp32)
+    or an mx.Dtype."""
+    by_dtype = {v: k for k, v in _DTYPES.items()}
+    if isinstance(dtype, mx.Dtype) and by_dtype.get(dtype) in allowed:
+        return by_dtype[dtype]
+    name = _ALIASES.get(dtype.lower(), dtype.lower()) if isinstance(dtype, str) else None
+    if name not in allowed:
+        aliases = ", ".join(a for a, full in _ALIASES.items() if full in allowed)
+        raise CheckpointError(f"dtype must be one of {', '.join(allowed)} (or {aliases}), got {dtype!r}.")
+    return name
 
 
 def save_checkpoint(
@@ -40,8 +55,8 @@ def save_checkpoint(
     per weight with float16 scales: "int8", ~4x smaller than float32) and `tokenizer` to the
     folder `path` atomically. `extra` adds JSON files (e.g. trainer_state.json) and `arrays` extra
     safetensors files (e.g. optimizer.safetensors) inside the same atomic write."""
-    if dtype is not None and dtype not in SAVE_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(SAVE_DTYPES)}, got {dtype!r}.")
+    if dtype is not None:
+        dtype = _dtype_name(dtype, SAVE_DTYPES)
     path = os.path.abspath(path)
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -115,7 +130,10 @@ def is_checkpoint(path: str) -> bool:
 
 def load_checkpoint(path: str, dtype: str | None = None) -> tuple[Bert2Bert, Tokenizer]:
     """Model and tokenizer from a b2b checkpoint folder. A Hugging Face BERT folder (its
-    config.json has `model_type`) is warm-started instead. `dtype` casts the weights."""
+    config.json has `model_type`) is warm-started instead. `dtype` (float32, float16, bfloat16,
+    or fp32, fp16, half, bf16) casts the weights."""
+    if dtype is not None:
+        dtype = _dtype_name(dtype, tuple(_DTYPES))
     if not os.path.isdir(path):
         raise FileNotFoundError(f"No checkpoint folder at {path}.")
     cfg_path = os.path.join(path, CONFIG)
@@ -126,13 +144,19 @@ def load_checkpoint(path: str, dtype: str | None = None) -> tuple[Bert2Bert, Tok
             raw = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{cfg_path} is not valid JSON ({e}).") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_path} must hold a JSON object of settings, not a {type(raw).__name__}.")
     tokenizer = _load_tokenizer(path)
     if "model_type" in raw:  # a Hugging Face folder
         from .convert import load_hf_bert
 
         model = load_hf_bert(path)
     else:
-        model = Bert2Bert(B2BConfig.from_dict(raw))
+        try:
+            config = B2BConfig.from_dict(raw)
+        except ConfigError as e:
+            raise CheckpointError(f"{cfg_path} has an invalid setting: {e}") from e
+        model = Bert2Bert(config)
         _load_weights_strict(model, os.path.join(path, WEIGHTS))
     if dtype is not None:
         model.set_dtype(_DTYPES[dtype])

@@ -171,7 +171,8 @@ def resolve_hf_folder(name_or_path: str) -> str:
 def load_hf_bert(name_or_path: str, warm_start_decoder: bool = True, **config_overrides) -> Bert2Bert:
     """A Bert2Bert warm-started from a Hugging Face BERT folder or hub id (config.json +
     model.safetensors). Weights with no BERT counterpart (cross-attention; the MLM head when
-    the checkpoint has none) keep their fresh initialisation, and are logged."""
+    the checkpoint has none) keep their fresh initialisation, and are logged. Returned in eval
+    mode, like `load_checkpoint`."""
     folder = resolve_hf_folder(name_or_path)
     cfg_path = os.path.join(folder, "config.json")
     weights_path = os.path.join(folder, "model.safetensors")
@@ -194,6 +195,7 @@ def load_hf_bert(name_or_path: str, warm_start_decoder: bool = True, **config_ov
     if fresh:
         log.info("%d tensors freshly initialised (not in %s): %s", len(fresh), folder, _summarize_names(fresh))
     model.load_weights([(k, mx.array(v)) for k, v in mapped.items()], strict=False)
+    model.eval()  # ready to use as loaded (no dropout); a training loop switches it back on
     return model
 
 

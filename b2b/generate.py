@@ -5,6 +5,7 @@ The encoder runs once per input; cross-attention keys/values are projected once 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -13,48 +14,8 @@ import numpy as np
 
 from . import fastmath
 from .cache import DecoderCache, StaticLayerCache
+from .decoding import DecodingConfig, DecodingError
 from .model import Bert2Bert
-
-
-class DecodingError(ValueError):
-    """Invalid decoding settings."""
-
-
-@dataclass(frozen=True)
-class DecodingConfig:
-    max_length: int = 128  # new tokens; CNN/DM highlights are ~60 WordPieces
-    min_length: int = 0  # [SEP] is banned before this many tokens
-    num_beams: int = 1
-    length_penalty: float = 1.0  # beam scores are divided by length ** length_penalty
-    no_repeat_ngram_size: int = 3  # summaries that repeat a trigram read badly; 0 turns it off
-    early_stopping: bool = True  # beam: stop once num_beams hypotheses have finished
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0  # 0: no top-k filter
-    top_p: float = 1.0  # nucleus sampling; 1.0: no filter
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        checks = [
-            (isinstance(self.max_length, int) and self.max_length >= 1, f"max_length must be an integer >= 1, got {self.max_length!r}."),
-            (isinstance(self.min_length, int) and self.min_length >= 0, f"min_length must be an integer >= 0, got {self.min_length!r}."),
-            (self.max_length >= self.min_length, f"max_length ({self.max_length}) must be at least min_length ({self.min_length})."),
-            (isinstance(self.num_beams, int) and self.num_beams >= 1, f"num_beams must be an integer >= 1, got {self.num_beams!r}."),
-            (isinstance(self.no_repeat_ngram_size, int) and self.no_repeat_ngram_size >= 0, "no_repeat_ngram_size must be an integer >= 0."),
-            (self.temperature >= 0, f"temperature must not be negative, got {self.temperature}."),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}."),
-            (isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}."),
-            (not (self.do_sample and self.num_beams > 1), "Sampling with num_beams > 1 is not supported: choose one."),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise DecodingError(message)
-
-    @property
-    def strategy(self) -> str:
-        if self.num_beams > 1:
-            return "beam"
-        return "sample" if self.do_sample and self.temperature > 0 else "greedy"
 
 
 @dataclass
@@ -252,6 +213,7 @@ def beam_search(
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     done = [False] * B
     tokens = mx.full((B * K, 1), c.cls_id, dtype=mx.int32)
+    best: list[list[int]] = [[] for _ in range(B)]
     V = c.vocab_size
     for step in range(cfg.max_length):
         logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id)  # (B*K, V)
@@ -289,7 +251,8 @@ def beam_search(
                 next_scores.append(s)
         histories = [histories[r] + [t] for r, t in zip(rows, next_tokens)]
         scores = np.array(next_scores, dtype=np.float64).reshape(B, K)
-        best = [histories[b * K + int(np.argmax(scores[b]))] if np.isfinite(scores[b]).any() else [] for b in range(B)]
+        # A finished input's beams are all dead (-inf): it keeps showing its last best beam.
+        best = [histories[b * K + int(np.argmax(scores[b]))] if np.isfinite(scores[b]).any() else best[b] for b in range(B)]
         yield Step(best, list(done))
         if all(done):
             break
@@ -306,17 +269,55 @@ def beam_search(
     yield results
 
 
+@contextmanager
+def eval_mode(model: Bert2Bert) -> Iterator[None]:
+    """Dropout off for the duration (a summary must not depend on the training flag); the
+    model's previous mode comes back afterwards, so a training loop can decode mid-run."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        if was_training:
+            model.train()
+
+
+def check_fits(model: Bert2Bert, src_ids: mx.array, cfg: DecodingConfig) -> None:
+    """Raise DecodingError when the source or the summary would run past the model's learned
+    position table (MLX would read past its end without complaint and decode garbage)."""
+    limit = model.config.max_positions
+    if cfg.max_length > limit:
+        raise DecodingError(f"max_length {cfg.max_length} is more than this model's {limit} positions; use at most {limit}.")
+    if src_ids.ndim != 2:
+        raise DecodingError(f"Source ids must be a (batch, length) array, got shape {tuple(src_ids.shape)}.")
+    if src_ids.shape[1] > limit:
+        raise DecodingError(
+            f"The source has {src_ids.shape[1]} tokens but this model reads at most {limit}; truncate it first."
+        )
+
+
 def decode_stream(
     model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig
 ) -> Iterator[Step | list[Hypothesis]]:
-    """Encode once and decode with the strategy `cfg` asks for: yields Steps, then hypotheses."""
-    memory, src_mask = _encode(model, src_ids, src_mask)
-    search = beam_search if cfg.strategy == "beam" else greedy_or_sample
-    yield from search(model, memory, src_mask, cfg)
+    """Encode once and decode with the strategy `cfg` asks for: yields Steps, then hypotheses.
+    Settings that do not fit the model raise here, before the first step; the model decodes in
+    eval mode while the stream runs."""
+    check_fits(model, src_ids, cfg)
+    return _decode(model, src_ids, src_mask, cfg)
+
+
+def _decode(
+    model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig
+) -> Iterator[Step | list[Hypothesis]]:
+    with eval_mode(model):
+        memory, src_mask = _encode(model, src_ids, src_mask)
+        search = beam_search if cfg.strategy == "beam" else greedy_or_sample
+        yield from search(model, memory, src_mask, cfg)
 
 
 def generate(model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig) -> list[Hypothesis]:
-    """Decode a padded batch of sources (B, S) to one hypothesis per row."""
+    """Decode a padded batch of sources (B, S) to one hypothesis per row (in eval mode; the
+    model's mode is restored afterwards)."""
     out = None
     for out in decode_stream(model, src_ids, src_mask, cfg):
         pass

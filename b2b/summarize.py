@@ -1,6 +1,8 @@
 """Text in, summary out: tokenization, truncation notice, decoding, timing, attention maps."""
 from __future__ import annotations
 
+import numbers
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -8,14 +10,16 @@ from typing import Iterator
 import mlx.core as mx
 import numpy as np
 
-from .generate import DecodingConfig, Hypothesis, Step, decode_stream
+from .decoding import DecodingConfig
+from .generate import Hypothesis, Step, decode_stream, eval_mode
 from .model import Bert2Bert, Intermediates
-from .tokenizer import Tokenizer
-from .truecase import truecase
+from .tokenizer import BatchEncoding, Tokenizer
+from .truecase import apply_casing, casing_table
 
 
 class InputError(ValueError):
-    """Text that cannot be summarized (empty, not a string)."""
+    """Input that cannot be summarized: text that is empty or not a string, a bad source length,
+    or a tokenizer whose vocabulary does not fit the model."""
 
 
 @dataclass
@@ -52,9 +56,16 @@ class SummaryResult:
 
 @dataclass
 class StreamChunk:
+    """One step of a streamed summary (of the first text, for a batch). Deltas rebuild the text:
+    `previous.text[: len(previous.text) - chunk.rewind] + chunk.delta == chunk.text`."""
+
     text: str  # the summary so far (the best beam so far, for beam search)
     token_ids: list[int]
-    result: SummaryResult | None = None  # set on the last chunk
+    result: SummaryResult | list[SummaryResult] | None = None  # set on the last chunk
+    token: int | None = None  # the id this step added ([SEP] at the step the model ends it); None: nothing new
+    delta: str = ""  # text added since the previous chunk
+    finished: bool = False  # the summary is complete: the model ended it, or this is the last chunk
+    rewind: int = 0  # characters cut from the end of the previous text first (re-spacing, re-casing, a beam switch)
 
 
 def _validate(texts: list) -> None:
@@ -65,12 +76,85 @@ def _validate(texts: list) -> None:
             raise InputError("The text to summarize is empty.")
 
 
-def _prepare(model: Bert2Bert, tokenizer: Tokenizer, texts: list[str], max_source_length: int | None):
+def _source_limit(max_source_length: object, max_positions: int) -> int:
+    """Source tokens to keep: None means all the model can read. A larger request is capped at
+    the position table (the model cannot read further; the result says it was truncated)."""
+    if max_source_length is None:
+        return max_positions
+    if isinstance(max_source_length, bool) or not isinstance(max_source_length, numbers.Integral):
+        raise InputError(f"max_source_length must be a whole number of tokens or None, got {max_source_length!r}.")
+    if max_source_length < 3:
+        raise InputError(f"max_source_length must be at least 3 tokens ([CLS], a word and [SEP]), got {max_source_length}.")
+    return min(int(max_source_length), max_positions)
+
+
+def _check_vocab(model: Bert2Bert, tokenizer: Tokenizer) -> None:
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise InputError(
+            f"The tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary has only "
+            f"{model.config.vocab_size}: load the tokenizer that was saved with this model."
+        )
+
+
+@dataclass
+class _Job:
+    """A checked and tokenized request whose decoding has not started yet."""
+
+    texts: list[str]
+    single: bool  # one str in, one SummaryResult out
+    src_ids: mx.array  # (B, S)
+    batch: BatchEncoding
+    counts: list[int]  # source tokens before truncation
+    tables: list[dict[str, str]] | None  # per-text casing for an uncased tokenizer, built once
+    steps: Iterator[Step | list[Hypothesis]]  # the decoding stream, not started
+    prep_seconds: float  # checking and tokenizing count in the result's seconds
+
+
+def _start(
+    model: Bert2Bert, tokenizer: Tokenizer, text: object, max_source_length: object, decoding: dict
+) -> _Job:
+    """Check everything and tokenize, so every input error is raised before decoding starts."""
+    start = time.perf_counter()
+    cfg = DecodingConfig.from_kwargs(**decoding)
+    single = isinstance(text, str)
+    if not single and not isinstance(text, (list, tuple)):
+        raise InputError(f"Text to summarize must be a string or a list of strings, got {type(text).__name__}.")
+    texts = [text] if single else list(text)
+    if not texts:
+        raise InputError("No texts to summarize.")
     _validate(texts)
-    limit = min(max_source_length or model.config.max_positions, model.config.max_positions)
+    _check_vocab(model, tokenizer)
+    limit = _source_limit(max_source_length, model.config.max_positions)
     batch = tokenizer.batch_encode(texts, max_length=limit)
     counts = [tokenizer.encode(t, max_length=limit).num_tokens for t in texts]
-    return mx.array(batch.ids), mx.array(batch.attention_mask), batch, counts
+    src_ids = mx.array(batch.ids)
+    steps = decode_stream(model, src_ids, mx.array(batch.attention_mask), cfg)  # checks cfg against the model
+    # Uncased models lose names' capitals; the sources give them back.
+    tables = [casing_table(t) for t in texts] if tokenizer.lowercase else None
+    return _Job(texts, single, src_ids, batch, counts, tables, steps, time.perf_counter() - start)
+
+
+def _text(tokenizer: Tokenizer, ids: list[int], table: dict[str, str] | None) -> str:
+    text = tokenizer.decode(ids)
+    return apply_casing(text, table) if table is not None else text
+
+
+def _results(
+    model: Bert2Bert, tokenizer: Tokenizer, job: _Job, hyps: list[Hypothesis], seconds: float, return_attention: bool
+) -> list[SummaryResult]:
+    results = [
+        SummaryResult(
+            _text(tokenizer, h.tokens, job.tables[i] if job.tables else None),
+            h.tokens, h.finish_reason, job.batch.truncated[i], job.counts[i], seconds,
+        )
+        for i, h in enumerate(hyps)
+    ]
+    if return_attention:
+        for i, r in enumerate(results):
+            n = int(job.batch.lengths[i])
+            src = job.src_ids[i : i + 1, :n]  # (1, S_i): this input without padding
+            r.attentions = attention_maps(model, tokenizer, src, r.token_ids, r.finish_reason == "eos")
+    return results
 
 
 def summarize(
@@ -82,11 +166,16 @@ def summarize(
     **decoding,
 ) -> SummaryResult | list[SummaryResult]:
     """Summarize one text (-> SummaryResult) or a list (-> list, decoded together as a batch).
-    `decoding` takes DecodingConfig's fields (num_beams, max_length, do_sample, ...)."""
-    result = None
-    for chunk in stream_summarize(model, tokenizer, text, return_attention, max_source_length, **decoding):
-        result = chunk.result
-    return result
+    `decoding` takes DecodingConfig's fields (num_beams, max_length, do_sample, ...);
+    `max_source_length` (None: the model's max positions) truncates the source."""
+    job = _start(model, tokenizer, text, max_source_length, decoding)
+    start = time.perf_counter() - job.prep_seconds
+    hyps: list[Hypothesis] = []
+    for out in job.steps:  # only the final hypotheses are turned into text
+        if not isinstance(out, Step):
+            hyps = out
+    results = _results(model, tokenizer, job, hyps, time.perf_counter() - start, return_attention)
+    return results[0] if job.single else results
 
 
 def stream_summarize(
@@ -98,38 +187,34 @@ def stream_summarize(
     **decoding,
 ) -> Iterator[StreamChunk]:
     """Yield the summary as it grows (one chunk per generated token); the last chunk's
-    `.result` holds the SummaryResult (a list of them for a list of texts)."""
-    cfg = DecodingConfig(**decoding)
-    single = isinstance(text, str)
-    if not single and not isinstance(text, (list, tuple)):
-        raise InputError(f"Text to summarize must be a string or a list of strings, got {type(text).__name__}.")
-    texts = [text] if single else list(text)
-    if not texts:
-        raise InputError("No texts to summarize.")
-    start = time.perf_counter()
-    src_ids, src_mask, batch, counts = _prepare(model, tokenizer, texts, max_source_length)
+    `.result` holds the SummaryResult (a list of them for a list of texts). Bad input raises
+    here, at the call, not when the stream is first read."""
+    job = _start(model, tokenizer, text, max_source_length, decoding)
+    return _stream(model, tokenizer, job, return_attention)
 
-    def text_of(tokens: list[int], i: int) -> str:
-        text = tokenizer.decode(tokens)
-        return truecase(text, texts[i]) if tokenizer.lowercase else text  # uncased models lose names' capitals
 
+def _chunk(previous: str, text: str, ids: list[int], **fields) -> StreamChunk:
+    keep = len(os.path.commonprefix([previous, text]))
+    return StreamChunk(text, ids, delta=text[keep:], rewind=len(previous) - keep, **fields)
+
+
+def _stream(model: Bert2Bert, tokenizer: Tokenizer, job: _Job, return_attention: bool) -> Iterator[StreamChunk]:
+    start = time.perf_counter() - job.prep_seconds
+    table = job.tables[0] if job.tables else None
+    text, ids, finished = "", [], False
     hyps: list[Hypothesis] = []
-    for out in decode_stream(model, src_ids, src_mask, cfg):
-        if isinstance(out, Step):
-            yield StreamChunk(text_of(out.tokens[0], 0), out.tokens[0])
-        else:
+    for out in job.steps:
+        if not isinstance(out, Step):
             hyps = out
-    seconds = time.perf_counter() - start
-    results = [
-        SummaryResult(text_of(h.tokens, i), h.tokens, h.finish_reason, batch.truncated[i], counts[i], seconds)
-        for i, h in enumerate(hyps)
-    ]
-    if return_attention:
-        for i, r in enumerate(results):
-            n = int(batch.lengths[i])
-            r.attentions = attention_maps(model, tokenizer, src_ids[i : i + 1, :n], r.token_ids, r.finish_reason == "eos")
-    final = results[0] if single else results
-    yield StreamChunk(results[0].text, results[0].token_ids, final)
+            continue
+        new_ids, ended = out.tokens[0], out.finished[0] and not finished
+        token = new_ids[-1] if len(new_ids) > len(ids) else (model.config.sep_id if ended else None)
+        new_text = _text(tokenizer, new_ids, table) if new_ids != ids else text  # a finished input stays put
+        yield _chunk(text, new_text, list(new_ids), token=token, finished=out.finished[0])
+        text, ids, finished = new_text, new_ids, out.finished[0]
+    results = _results(model, tokenizer, job, hyps, time.perf_counter() - start, return_attention)
+    first = results[0]
+    yield _chunk(text, first.text, first.token_ids, result=first if job.single else results, finished=True)
 
 
 def attention_maps(
@@ -139,10 +224,13 @@ def attention_maps(
     every layer's and head's weights: the same numbers the cached decode computed."""
     c = model.config
     produced = list(summary_ids) + ([c.sep_id] if ended else [])
+    if src_ids.shape[-1] > c.max_positions or len(produced) > c.max_positions:
+        raise InputError(f"Attention maps cover at most {c.max_positions} source and {c.max_positions} summary tokens.")
     tgt = mx.array([[c.cls_id] + produced[:-1]], dtype=mx.int32)  # (1, T): the inputs of each step
     inter = Intermediates()
-    memory = model.encode(src_ids, None, inter)
-    model.decode(tgt, memory, None, intermediates=inter)
+    with eval_mode(model):  # dropout would change the maps
+        memory = model.encode(src_ids, None, inter)
+        model.decode(tgt, memory, None, intermediates=inter)
 
     def stack(maps: list[mx.array]) -> np.ndarray:
         return np.array(mx.stack([m[0] for m in maps]).astype(mx.float16)) if maps else np.zeros((0,), np.float16)

@@ -115,7 +115,8 @@ class Tokenizer:
                 raise TokenizerError(f"The vocabulary has no {role} token {self.specials[role]!r}.")
             setattr(self, f"{role}_id", int(token_id))
         self.lowercase = _is_lowercase(backend)
-        self._skip_ids = {self.pad_id, self.cls_id, self.sep_id, self.mask_id}
+        # [UNK] too, as Hugging Face does: a summary should not show the literal "[UNK]".
+        self._skip_ids = {self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id}
 
     @property
     def vocab_size(self) -> int:
@@ -246,7 +247,7 @@ class Tokenizer:
         return [e.ids for e in self._backend.encode_batch_fast(_check_texts(texts), add_special_tokens=False)]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        """Readable text: `##` pieces joined, [CLS]/[SEP]/[PAD]/[MASK] dropped, `detokenize`d."""
+        """Readable text: `##` pieces joined, [CLS]/[SEP]/[PAD]/[MASK]/[UNK] dropped, `detokenize`d."""
         id_list = self._id_list(ids)
         if skip_special_tokens:
             id_list = [i for i in id_list if i not in self._skip_ids]
@@ -275,9 +276,14 @@ _ABBREVIATIONS = frozenset(
 _KEEP_LOWER = frozenset({"i.e.", "e.g.", "a.m.", "p.m."})
 _UPPER_WORDS = {w: w.upper() for w in ("cnn", "fbi", "cia", "nasa", "bbc", "nfl", "nba")}
 _UPPER_RE = re.compile(r"(?<![@.])\b(" + "|".join(_UPPER_WORDS) + r")\b(?!\.\w)", re.I)
-_GLUE_LEFT = frozenset(". , ; : ! ? % ) ] } ... n't 's 're 've 'll 'd 'm".split())
-_GLUE_RIGHT = frozenset("( [ { $ #".split())
+_GLUE_LEFT = frozenset(". , ; : ! ? % ) ] } ... n't 's 're 've 'll 'd 'm ” ’".split())
+_GLUE_RIGHT = frozenset("( [ { $ # “ ‘ `".split())  # curly and PTB (`) quotes say which side they are
 _GLUE_BOTH = frozenset("- / @".split())
+# A straight quote just before one of these closes; one after an opening bracket opens.
+_QUOTE_CLOSERS = frozenset(". , ; : ! ? ) ] }".split())
+# Words ending in s that are not plural nouns: a ' after them opens a quote, not a possessive.
+_NOT_PLURALS = frozenset("was is has does says his its this us as yes thus plus always perhaps".split())
+_DECADE = re.compile(r"\d\ds?$")  # the '90s, '99: an elided century
 _REPLACEMENTS = [
     (re.compile(r" @([-,.])@ "), r"\1"),  # WikiText's Moses escapes: 1 @,@ 000, well @-@ known
     (re.compile(r" (?:``|''|` `|' ') "), ' " '),  # PTB double quotes, also as WordPiece splits them
@@ -285,6 +291,7 @@ _REPLACEMENTS = [
     (re.compile(r"(\w)n ' t\b", re.I), r"\1 n't"),  # WordPiece splits "didn't" as didn ' t
     (re.compile(r" n ' t\b", re.I), " n't"),
     (re.compile(r"(?<=[\w.]) ' (s|re|ve|ll|d|m)\b", re.I), r" '\1"),  # u . n . ' s too
+    (re.compile(r"(?<=\w) ’ (?=(?:s|t|re|ve|ll|d|m)\b)", re.I), "’"),  # curly apostrophes: don ’ t
     (re.compile(r"(?<!\S)([odl]) ' (?=\w)", re.I), r"\1'"),  # o'brien, d'angelo, l'oreal
     (re.compile(r"\b(gon|wan) na\b", re.I), r"\1na"),  # PTB splits gonna / wanna
     (re.compile(r"(?<=\d) , (?=\d{3}\b)"), ","),  # 1 , 000
@@ -294,23 +301,50 @@ _REPLACEMENTS = [
     (re.compile(r"(?<!\S)((?:[a-z] \. ){2,})", re.I), lambda m: m.group(1).replace(" ", "") + " "),
     (re.compile(r"(?<=\w\.) \.(?!\.)"), ""),  # PTB ends "at 10 a.m. ." with a second period
 ]
-_SENT_END = re.compile(r"([.!?])([\"')\]]*)(\s+)([\"'(\[]*)([a-z])")
+_SENT_END = re.compile(r"([.!?])([\"'”’)\]]*)(\s+)([\"'“‘(\[]*)([a-z])")
+
+
+def _quote_role(tok: str, prev: str, nxt: str, is_open: bool, next_closes: bool) -> str:
+    """What a straight quote is: "open", "close", "mark" (glued to the word before: players',
+    6'2"), "elide" (glued to the word after: the '90s) or "join" (6'2). Parity alone flips
+    every later pair after one stray quote, so the neighbours decide wherever they can;
+    `next_closes`: the next " is certainly a closing one."""
+    if nxt in _QUOTE_CLOSERS:
+        return "close"
+    if not prev or prev in _GLUE_RIGHT:
+        return "open"
+    if tok == '"' and is_open and next_closes:
+        return "open"  # the open one before was stray: this one opens what the next closes
+    after_digit = prev[-1].isdigit()
+    if tok == "'":
+        if after_digit and nxt[:1].isdigit():
+            return "join"
+        if not is_open and _DECADE.match(nxt) and not after_digit:
+            return "elide"
+        if not is_open and prev[-1].lower() == "s" and prev.lower() not in _NOT_PLURALS:
+            return "mark"
+    elif not is_open and after_digit:
+        return "mark"  # inches
+    return "close" if is_open else "open"
 
 
 def _glue(tokens: list[str]) -> str:
     """Join tokens, attaching punctuation and pairing quotes (open: glue right, close: left)."""
-    out, glue_next, open_double, open_single = "", True, False, False
+    out, glue_next, is_open = "", True, {'"': False, "'": False}
+    nxt_of = dict(zip(range(len(tokens)), tokens[1:]))
+    doubles = [i for i, t in enumerate(tokens) if t == '"']
+    # Single quotes get no look-ahead: a possessive (the players') before a comma looks like a close.
+    next_double = dict(zip(doubles, doubles[1:]))
     for i, tok in enumerate(tokens):
-        prev = tokens[i - 1] if i else ""
         left = tok in _GLUE_LEFT or tok.lower() in _GLUE_LEFT or tok in _GLUE_BOTH
         right = tok in _GLUE_RIGHT or tok in _GLUE_BOTH
-        if tok == '"':
-            left, right, open_double = open_double, not open_double, not open_double
-        elif tok in ("'", "`"):
-            if open_single or (tok == "'" and prev[-1:].lower() == "s"):
-                left, open_single = True, False  # a closing quote, or a plural possessive (players')
-            else:
-                right, open_single = True, True
+        if tok in is_open:
+            j = next_double.get(i)
+            next_closes = j is not None and nxt_of.get(j) in _QUOTE_CLOSERS
+            role = _quote_role(tok, tokens[i - 1] if i else "", nxt_of.get(i, ""), is_open[tok], next_closes)
+            left, right = role in ("close", "mark", "join"), role in ("open", "elide", "join")
+            if role in ("open", "close"):
+                is_open[tok] = role == "open"
         out += tok if (glue_next or left) else " " + tok
         glue_next = right
     return out
@@ -328,6 +362,8 @@ def _capitalize(text: str) -> str:
     def after_stop(m: re.Match) -> str:
         if m.group(1) == "." and not _ends_sentence(m.string[: m.start() + 1]):
             return m.group(0)
+        if m.group(1) in "?!" and re.search("[\"'”’]", m.group(2)):
+            return m.group(0)  # `"why?" he asked`: the quote ends, the sentence goes on
         return m.group(1) + m.group(2) + m.group(3) + m.group(4) + m.group(5).upper()
 
     def acronym(m: re.Match) -> str:

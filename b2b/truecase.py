@@ -26,7 +26,11 @@ def casing_table(source: str) -> dict[str, str]:
 
 def truecase(summary: str, source: str) -> str:
     """`summary` with words re-cased as `source` writes them (unknown words unchanged)."""
-    table = casing_table(source)
+    return apply_casing(summary, casing_table(source))
+
+
+def apply_casing(summary: str, table: dict[str, str]) -> str:
+    """`summary` re-cased with a `casing_table`: build the table once per source, apply it often."""
 
     def fix(m: re.Match) -> str:
         word = m.group()

@@ -89,3 +89,33 @@ def test_invalid_dtype(tmp_path, tiny_model, tokenizer):
     with pytest.raises(ValueError, match="dtype"):
         save_checkpoint(tiny_model, tokenizer, str(tmp_path / "x"), dtype="int3")
     assert B2BConfig.preset("tiny").vocab_size == tokenizer.vocab_size
+
+
+@pytest.mark.parametrize(
+    "dtype, expected",
+    [("fp16", mx.float16), ("half", mx.float16), ("float16", mx.float16), ("bf16", mx.bfloat16), ("FP32", mx.float32),
+     (mx.bfloat16, mx.bfloat16)],
+)
+def test_load_accepts_dtype_aliases(tmp_path, tiny_model, tokenizer, dtype, expected):
+    path = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "ck"))
+    model, _ = load_checkpoint(path, dtype=dtype)
+    assert {v.dtype for _, v in tree_flatten(model.parameters())} == {expected}
+
+
+def test_load_rejects_an_unknown_dtype_listing_the_valid_ones(tmp_path, tiny_model, tokenizer):
+    path = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "ck"), dtype="fp16")  # aliases save too
+    with pytest.raises(CheckpointError, match="float32, float16, bfloat16") as e:
+        load_checkpoint(path, dtype="fp8")
+    assert "fp16" in str(e.value) and str(e.value).endswith(".")
+
+
+@pytest.mark.parametrize(
+    "content", ["[1, 2]", '{"hidden_size": "big"}', '{"hidden_size": 30, "num_heads": 4}', '{"dropout": 2.0}'],
+)
+def test_a_bad_config_names_its_path(tmp_path, tiny_model, tokenizer, content):
+    path = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "ck"))
+    with open(f"{path}/config.json", "w") as f:
+        f.write(content)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path)
+    assert os.path.join(path, "config.json") in str(e.value) and str(e.value).endswith(".")

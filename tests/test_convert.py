@@ -99,3 +99,16 @@ def test_config_from_hf(tmp_path):
     cfg = config_from_hf(hf)
     assert (cfg.encoder_layers, cfg.decoder_layers, cfg.num_heads) == (6, 6, 12)
     assert config_from_hf(json.loads(json.dumps(hf)), share_encoder_decoder=True).share_encoder_decoder
+
+
+def test_load_hf_bert_returns_an_eval_model(tmp_path, tiny_config):
+    c = tiny_config
+    hf_config = {"model_type": "bert", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+                 "num_hidden_layers": c.encoder_layers, "num_attention_heads": c.num_heads,
+                 "intermediate_size": c.ffn_size, "max_position_embeddings": c.max_positions}
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    word = mx.random.normal((c.vocab_size, c.hidden_size)) * 0.02
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), {"bert.embeddings.word_embeddings.weight": word})
+    model = load_hf_bert(str(tmp_path))
+    assert not model.training
+    assert np.array_equal(np.array(model.encoder.embeddings.word.weight), np.array(word))

@@ -3,8 +3,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from b2b import DecodingConfig, DecodingError, generate
-from b2b.generate import beam_search, greedy_or_sample
+from b2b import Bert2Bert, DecodingConfig, DecodingError, generate
+from b2b.generate import beam_search, decode_stream, greedy_or_sample
 
 
 def _src():
@@ -100,3 +100,51 @@ def test_invalid_settings_raise_one_sentence(bad):
     with pytest.raises(DecodingError) as e:
         DecodingConfig(**bad)
     assert isinstance(e.value, ValueError) and str(e.value).endswith(".")
+
+
+@pytest.mark.parametrize(
+    "bad, name",
+    [(dict(num_beams="4"), "num_beams"), (dict(max_length=5.0), "max_length"), (dict(temperature="1"), "temperature"),
+     (dict(do_sample="yes"), "do_sample"), (dict(num_beams=True), "num_beams"), (dict(seed="7"), "seed"),
+     (dict(do_sample=True, num_beams="2"), "num_beams"), (dict(min_length=None), "min_length")],
+)
+def test_wrong_types_name_the_setting(bad, name):
+    with pytest.raises(DecodingError, match=name) as e:
+        DecodingConfig(**bad)
+    assert str(e.value).endswith(".")
+
+
+def test_unknown_setting_lists_the_valid_ones():
+    with pytest.raises(DecodingError, match="'beams'") as e:
+        DecodingConfig.from_kwargs(beams=4)
+    assert "num_beams" in str(e.value) and "max_length" in str(e.value)
+    assert DecodingConfig.from_kwargs(num_beams=2).num_beams == 2
+
+
+def test_lengths_past_the_position_table_raise_before_decoding(tiny_model):
+    src, mask = _src()
+    limit = tiny_model.config.max_positions
+    with pytest.raises(DecodingError, match=f"at most {limit}"):
+        generate(tiny_model, src, mask, DecodingConfig(max_length=limit + 1))
+    with pytest.raises(DecodingError, match="max_length"):
+        decode_stream(tiny_model, src, mask, DecodingConfig(max_length=limit + 1))  # at the call, not at next()
+    long_src = mx.full((1, limit + 1), 2000, dtype=mx.int32)
+    with pytest.raises(DecodingError, match=f"{limit + 1} tokens"):
+        generate(tiny_model, long_src, None, DecodingConfig(max_length=4))
+    decode_stream(tiny_model, src, mask, DecodingConfig(max_length=limit))  # the whole table is fine
+
+
+def test_decoding_ignores_and_restores_training_mode(tiny_config):
+    mx.random.seed(0)
+    model = Bert2Bert(tiny_config.replace(dropout=0.5))
+    src, mask = _src()
+    model.eval()
+    for cfg in (DecodingConfig(max_length=8, no_repeat_ngram_size=0), DecodingConfig(max_length=8, num_beams=2)):
+        expected = [h.tokens for h in generate(model, src, mask, cfg)]
+        model.train()
+        for _ in range(2):  # dropout at p=0.5 would change these
+            assert [h.tokens for h in generate(model, src, mask, cfg)] == expected
+            assert model.training
+        model.eval()
+        generate(model, src, mask, cfg)
+        assert not model.training

@@ -86,3 +86,14 @@ def test_config_validation_and_presets(tmp_path):
     cfg.save(str(tmp_path))
     assert B2BConfig.load(str(tmp_path)) == cfg
     assert B2BConfig.from_dict({**cfg.to_dict(), "future_field": 1}) == cfg
+
+
+@pytest.mark.parametrize(
+    "bad, name",
+    [(dict(hidden_size="256"), "hidden_size"), (dict(dropout=None), "dropout"), (dict(tie_embeddings=1), "tie_embeddings"),
+     (dict(encoder_layers=2.0), "encoder_layers"), (dict(vocab_size=True), "vocab_size")],
+)
+def test_config_wrong_types_are_config_errors(bad, name):
+    with pytest.raises(ConfigError, match=name) as e:
+        B2BConfig(**bad)
+    assert str(e.value).endswith(".")

@@ -1,8 +1,11 @@
 """Text in, summary out: validation, truncation notice, streaming, attention maps, truecasing."""
+import importlib
+
+import mlx.core as mx
 import numpy as np
 import pytest
 
-from b2b import InputError, stream_summarize, summarize
+from b2b import Bert2Bert, DecodingError, InputError, stream_summarize, summarize
 from b2b.truecase import truecase
 
 
@@ -64,3 +67,98 @@ def test_truecase_restores_names_from_the_source():
     source = "Rory McIlroy threw a club. The club landed in the water, McIlroy said at the WGC event."
     assert truecase("Rory mcilroy threw his club at the wgc event.", source) == "Rory McIlroy threw his club at the WGC event."
     assert truecase("The club sank.", source) == "The club sank."  # sentence-start capitals stay
+
+
+def test_tokenizer_bigger_than_the_model_vocabulary_is_refused(tiny_config, tokenizer):
+    model = Bert2Bert(tiny_config.replace(vocab_size=1000))
+    with pytest.raises(InputError, match="30522.*1000") as e:
+        summarize(model, tokenizer, "Some text.", max_length=4)
+    assert str(e.value).endswith(".")
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2, "64", 12.5, True])
+def test_bad_max_source_length_raises(tiny_model, tokenizer, bad):
+    with pytest.raises(InputError, match="max_source_length"):
+        summarize(tiny_model, tokenizer, "Some text.", max_source_length=bad, max_length=4)
+
+
+def test_max_source_length_none_and_beyond_the_table(tiny_model, tokenizer, cnndm_rows):
+    article = cnndm_rows[0]["article"]
+    default = summarize(tiny_model, tokenizer, article, max_length=4)
+    short = summarize(tiny_model, tokenizer, article, max_source_length=16, max_length=4)
+    huge = summarize(tiny_model, tokenizer, article, max_source_length=10_000, max_length=4)  # capped, says truncated
+    assert short.truncated and huge.truncated and huge.token_ids == default.token_ids
+
+
+def test_too_long_a_summary_for_the_positions_raises(tiny_model, tokenizer):
+    limit = tiny_model.config.max_positions
+    with pytest.raises(DecodingError, match=f"at most {limit}"):
+        summarize(tiny_model, tokenizer, "Some text.", max_length=limit + 1)
+
+
+def test_unknown_and_wrongly_typed_settings_are_value_errors(tiny_model, tokenizer):
+    with pytest.raises(DecodingError, match="num_beams"):
+        summarize(tiny_model, tokenizer, "Some text.", beams=4)
+    with pytest.raises(DecodingError, match="num_beams"):
+        summarize(tiny_model, tokenizer, "Some text.", num_beams="4")
+
+
+def test_summaries_ignore_dropout_and_restore_training_mode(tiny_config, tokenizer):
+    mx.random.seed(0)
+    model = Bert2Bert(tiny_config.replace(dropout=0.5))
+    text = "Officials said the bridge will reopen next week after repairs."
+    model.eval()
+    expected = summarize(model, tokenizer, text, max_length=8, return_attention=True)
+    model.train()
+    for _ in range(2):
+        r = summarize(model, tokenizer, text, max_length=8, return_attention=True)
+        assert r.token_ids == expected.token_ids and np.array_equal(r.attentions.cross, expected.attentions.cross)
+        assert [c.token_ids for c in stream_summarize(model, tokenizer, text, max_length=8)][-1] == expected.token_ids
+        assert model.training
+
+
+def test_stream_validates_at_the_call(tiny_model, tokenizer):
+    for kwargs in (dict(text=""), dict(text=42), dict(text="Fine.", num_beams=0), dict(text="Fine.", max_length=10_000),
+                   dict(text="Fine.", max_source_length=0)):
+        text = kwargs.pop("text")
+        with pytest.raises(ValueError):
+            stream_summarize(tiny_model, tokenizer, text, **kwargs)  # never iterated
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_stream_chunks_carry_token_delta_and_finished(tiny_model, tokenizer, beams):
+    chunks = list(stream_summarize(tiny_model, tokenizer, "A storm hit the coast on Monday.", max_length=8, num_beams=beams))
+    text = ""
+    for c in chunks:
+        assert 0 <= c.rewind <= len(text)
+        text = text[: len(text) - c.rewind] + c.delta
+        assert text == c.text
+    for prev, c in zip([None] + chunks, chunks[:-1]):
+        grew = len(c.token_ids) > len(prev.token_ids if prev else [])
+        assert c.token == (c.token_ids[-1] if grew else (tiny_model.config.sep_id if c.finished else None))
+    assert chunks[-1].finished and chunks[-1].result is not None and chunks[-1].text == chunks[-1].result.text
+    assert not any(c.finished for c in chunks[:-2])
+
+
+def test_summarize_decodes_text_once_and_builds_casing_once(tiny_model, tokenizer, monkeypatch):
+    module = importlib.import_module("b2b.summarize")  # `b2b.summarize` the attribute is the function
+
+    calls = {"decode": 0, "table": 0}
+    real_decode, real_table = type(tokenizer).decode, module.casing_table
+
+    def decode(self, ids, skip_special_tokens=True):
+        calls["decode"] += 1
+        return real_decode(self, ids, skip_special_tokens)
+
+    def table(source):
+        calls["table"] += 1
+        return real_table(source)
+
+    monkeypatch.setattr(type(tokenizer), "decode", decode)
+    monkeypatch.setattr(module, "casing_table", table)
+    text = "A storm hit the coast on Monday."
+    r = summarize(tiny_model, tokenizer, text, max_length=8, no_repeat_ngram_size=0)
+    assert calls == {"decode": 1, "table": 1} and len(r.token_ids) >= 2
+    calls.update(decode=0, table=0)
+    chunks = list(stream_summarize(tiny_model, tokenizer, text, max_length=8, no_repeat_ngram_size=0))
+    assert calls["table"] == 1 and calls["decode"] == len(chunks)  # one per step, then the result

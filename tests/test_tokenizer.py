@@ -191,6 +191,42 @@ def test_detokenize(ptb: str, readable: str) -> None:
     assert detokenize(ptb) == readable
 
 
+@pytest.mark.parametrize(
+    "text, readable",
+    [
+        # A closing quote after ? or ! does not end the sentence before a lowercase word.
+        ('"why?" he asked.', '"Why?" he asked.'),
+        ('"Stop!" the man shouted. "Why?" I asked.', '"Stop!" the man shouted. "Why?" I asked.'),
+        ("'why?' he asked. 'because.' Then", "'Why?' he asked. 'Because.' Then"),
+        ('He called it "the forgotten floor." Here, inmates wait.', 'He called it "the forgotten floor." Here, inmates wait.'),
+        # Elisions, feet and inches, and possessives are not quotes: later pairs stay paired.
+        ("In the '90s the 'forgotten floor' was full.", "In the '90s the 'forgotten floor' was full."),
+        ("The '80s and the '90s were 'fun' times.", "The '80s and the '90s were 'fun' times."),
+        ('He is 6\'2" and "tall" too.', 'He is 6\'2" and "tall" too.'),
+        ("It was 'hers' and the players' union said 'no'.", "It was 'hers' and the players' union said 'no'."),
+        ("Rock 'n' roll is the 'best' music.", "Rock 'n' roll is the 'best' music."),
+        # A stray quote: pairing recovers at the next quote whose neighbours are unambiguous.
+        ('A stray " here. He called it "the best".', 'A stray "here. He called it "the best".'),
+        ('He said "no"; then "yes".', 'He said "no"; then "yes".'),
+        # Curly quotes and apostrophes say which side they glue to.
+        ("“Why?” he asked. “Because,” she said.", "“Why?” he asked. “Because,” she said."),
+        ("Don’t go. It’s late.", "Don’t go. It’s late."),
+    ],
+)
+def test_decode_pairs_quotes_on_tricky_strings(tok: Tokenizer, text: str, readable: str) -> None:
+    assert tok.decode(tok.encode(text).ids) == readable
+
+
+def test_decode_skips_unknown_tokens(tok: Tokenizer) -> None:
+    ids = [tok.cls_id, tok.unk_id, *tok.encode("this works", add_special_tokens=False).ids, tok.unk_id, tok.sep_id]
+    assert tok.decode(ids) == "This works"
+    assert "[UNK]" in tok.decode(ids, skip_special_tokens=False)
+
+
+def test_detokenize_keeps_quoted_questions_lowercase() -> None:
+    assert detokenize("`` why ? '' he asked . `` now ! '' she said .") == '"Why?" he asked. "Now!" she said.'
+
+
 def test_split_sentences() -> None:
     raw = 'Mr. Smith went to Washington, D.C. on Monday. "Great!" she said. Why? No.\nNext'
     assert split_sentences(raw) == [

@@ -1,0 +1,88 @@
+"""Decoding settings: one frozen dataclass, checked when it is made, so a bad setting is a
+sentence naming it before any token is decoded."""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+
+class DecodingError(ValueError):
+    """Invalid decoding settings."""
+
+
+# What each setting must be (checked before any range check, so "4" for num_beams is a
+# sentence naming the setting, not a TypeError from comparing a str with an int).
+_INT, _NUMBER, _BOOL = "a whole number", "a number", "True or False"
+_KINDS = {
+    "max_length": _INT, "min_length": _INT, "num_beams": _INT, "length_penalty": _NUMBER,
+    "no_repeat_ngram_size": _INT, "early_stopping": _BOOL, "do_sample": _BOOL,
+    "temperature": _NUMBER, "top_k": _INT, "top_p": _NUMBER,
+}
+
+
+def _is_kind(value: object, kind: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return kind == _BOOL  # True is an int to Python, but never a count or a temperature here
+    if kind == _INT:
+        return isinstance(value, numbers.Integral)
+    return kind == _NUMBER and isinstance(value, numbers.Real)
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    """How to decode: greedy (the default), sampling, or beam search. Build it from user
+    settings with `from_kwargs`, which also rejects unknown names."""
+
+    max_length: int = 128  # new tokens; CNN/DM highlights are ~60 WordPieces
+    min_length: int = 0  # [SEP] is banned before this many tokens
+    num_beams: int = 1
+    length_penalty: float = 1.0  # beam scores are divided by length ** length_penalty
+    no_repeat_ngram_size: int = 3  # summaries that repeat a trigram read badly; 0 turns it off
+    early_stopping: bool = True  # beam: stop once num_beams hypotheses have finished
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # nucleus sampling; 1.0: no filter
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, kind in _KINDS.items():
+            value = getattr(self, name)
+            if not _is_kind(value, kind):
+                raise DecodingError(f"{name} must be {kind}, got {value!r} ({type(value).__name__}).")
+        if self.seed is not None and not _is_kind(self.seed, _INT):
+            raise DecodingError(f"seed must be a whole number or None, got {self.seed!r} ({type(self.seed).__name__}).")
+        checks = [
+            (self.max_length >= 1, f"max_length must be at least 1, got {self.max_length}."),
+            (self.min_length >= 0, f"min_length must not be negative, got {self.min_length}."),
+            (self.max_length >= self.min_length, f"max_length ({self.max_length}) must be at least min_length ({self.min_length})."),
+            (self.num_beams >= 1, f"num_beams must be at least 1, got {self.num_beams}."),
+            (self.no_repeat_ngram_size >= 0, f"no_repeat_ngram_size must not be negative, got {self.no_repeat_ngram_size}."),
+            (math.isfinite(self.length_penalty), f"length_penalty must be a finite number, got {self.length_penalty}."),
+            (self.temperature >= 0, f"temperature must be 0 or more, got {self.temperature}."),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}."),
+            (self.top_k >= 0, f"top_k must not be negative, got {self.top_k}."),
+            (not (self.do_sample and self.num_beams > 1), "Sampling with num_beams > 1 is not supported: choose one."),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise DecodingError(message)
+
+    @classmethod
+    def from_kwargs(cls, **settings) -> "DecodingConfig":
+        """Like the constructor, but an unknown setting is a DecodingError that lists the valid ones."""
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(settings) - set(valid))
+        if unknown:
+            names = ", ".join(map(repr, unknown))
+            raise DecodingError(f"Unknown decoding setting {names}; valid settings are {', '.join(valid)}.")
+        return cls(**settings)
+
+    @property
+    def strategy(self) -> str:
+        if self.num_beams > 1:
+            return "beam"
+        return "sample" if self.do_sample and self.temperature > 0 else "greedy"
