@@ -15,6 +15,7 @@ from train.data import (
     bucketed_batches,
     collate,
     encode_prefixes,
+    folder_has_split,
     load_summarization_pairs,
     load_text_documents,
     make_nsp_pairs,
@@ -237,6 +238,24 @@ def test_text_folder_picks_split_and_one_copy(tmp_path):
     assert load_text_documents(str(tmp_path), split="val") == ["valid text"]
 
 
+def test_folder_has_split(tmp_path):
+    pairs, text, plain = tmp_path / "pairs", tmp_path / "text", tmp_path / "plain"
+    for folder in (pairs, text, plain):
+        folder.mkdir()
+    shutil.copy(PTB, pairs / "train.jsonl.gz")
+    (text / "wiki.train.tokens").write_text(" = T = \n train text \n")
+    (plain / "corpus.txt").write_text("some text\n")  # no split names: nothing to pick
+    assert not folder_has_split(str(pairs), "validation", pairs=True)
+    assert not folder_has_split(str(text), "validation", pairs=False)
+    assert not folder_has_split(str(plain), "validation", pairs=False)
+    assert not folder_has_split(PTB, "validation", pairs=True)  # a file, not a folder
+    shutil.copy(PTB, pairs / "val.jsonl.gz")
+    (text / "wiki.valid.tokens").write_text(" = V = \n valid text \n")
+    assert folder_has_split(str(pairs), "validation", pairs=True)
+    assert folder_has_split(str(text), "val", pairs=False)
+    assert not folder_has_split(str(text), "test", pairs=False)
+
+
 def test_text_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         load_text_documents(str(tmp_path / "missing.txt"))
@@ -335,3 +354,16 @@ def test_collate_pads_to_multiple():
     assert collate([np.array([1])], pad_id=7, pad_to_multiple=1).tolist() == [[1]]
     with pytest.raises(ValueError):
         collate([], pad_id=0)
+
+
+def test_csv_and_jsonl_with_a_byte_order_mark(tmp_path):
+    """Spreadsheet exports often start with a UTF-8 BOM: the first field name must still match."""
+    from train.data import load_summarization_pairs
+
+    csv_path = tmp_path / "pairs.csv"
+    csv_path.write_text("article,highlights\nThe cat sat on the mat all day.,A cat sat.\n", encoding="utf-8-sig")
+    jsonl_path = tmp_path / "pairs.jsonl"
+    jsonl_path.write_text('{"article": "The dog ran far away.", "highlights": "A dog ran."}\n', encoding="utf-8-sig")
+    for path in (csv_path, jsonl_path):
+        pairs = load_summarization_pairs(str(path))
+        assert len(pairs) == 1 and pairs.articles[0].startswith("The ")

@@ -31,8 +31,7 @@ def write_lines(path, lines: list[str]) -> str:
 
 
 def assert_nothing_trained(out) -> None:
-    assert not list_checkpoints(str(out))
-    assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
+    assert not os.path.exists(out)  # not even an empty run folder
 
 
 @pytest.mark.parametrize(
@@ -142,9 +141,68 @@ def test_pretrain_stops_on_exploding_lr(tmp_path, caplog):
     assert "Traceback" not in caplog.text
 
 
-def test_impossible_settings_are_refused_by_the_parser(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--lr", "0", "--lr must be positive."),
+        ("--log-every", "0", "--log-every must be at least 1."),
+        ("--save-every", "-1", "--eval-every and --save-every cannot be negative"),
+        ("--eval-every", "-5", "--eval-every and --save-every cannot be negative"),
+        ("--keep-last", "0", "--keep-last must be at least 1"),
+        ("--max-bad-steps", "0", "--max-bad-steps must be at least 1."),
+    ],
+)
+def test_impossible_settings_are_refused_by_the_parser(tmp_path, capsys, flag, value, message):
     with pytest.raises(SystemExit) as exit_info:
-        finetune.main(SMALL + ["--data", TOK_DATA, "--out", str(tmp_path / "run"), "--lr", "0"])
+        finetune.main(SMALL + ["--data", TOK_DATA, "--out", str(tmp_path / "run"), flag, value])
     assert exit_info.value.code == 2
-    assert "--lr must be positive." in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_nonfinite_gradient_with_a_finite_loss_is_skipped(tmp_path, monkeypatch, caplog):
+    """A NaN gradient under a finite loss: without a check, clipping by a NaN norm would turn
+    every weight into NaN. The update is skipped and counted like a non-finite loss."""
+
+    @mx.custom_function
+    def nan_gradient(x, flag):  # adds 0 to the loss; its gradient is NaN where `flag` holds
+        return (x * 0).sum()
+
+    @nan_gradient.vjp
+    def nan_gradient_vjp(primals, cotangent, output):
+        x, flag = primals
+        return mx.where(flag, mx.full(x.shape, float("nan")), mx.zeros_like(x)), mx.zeros_like(flag)
+
+    batch = SummarizationTask.batch
+
+    def poisoned_batch(self, epoch, index, step):
+        b = batch(self, epoch, index, step)
+        if (epoch, index) == (0, 2):
+            b.arrays[0][:, 0] = POISON
+        return b
+
+    def poisoned_loss(self, model, src, mask, tgt):
+        loss, aux = seq2seq_loss(model, src, mask, tgt)
+        return loss + nan_gradient(model.encoder.layers[0].ffn.up.weight, src[0, 0] == POISON), aux
+
+    monkeypatch.setattr(SummarizationTask, "batch", poisoned_batch)
+    monkeypatch.setattr(SummarizationTask, "loss", poisoned_loss)
+    out = tmp_path / "run"
+    assert finetune.main(SMALL + ["--data", TOK_DATA, "--limit", "40", "--out", str(out), "--max-steps", "4"]) == 0
+    assert "Non-finite gradient norm at step 2 (loss " in caplog.text and "update skipped (1 in a row)." in caplog.text
+    metrics = read_metrics(str(out))
+    assert metrics["train/nonfinite_steps"] == [(2, 1.0)]
+    assert np.isfinite([v for _, v in metrics["train/grad_norm"]]).all()
+    last = list_checkpoints(str(out))[-1][1]
+    assert TrainerState.load(last).nonfinite_steps == 1
+    weights = mx.load(os.path.join(last, "model.safetensors"))
+    assert all(np.isfinite(np.array(w)).all() for w in weights.values())
+
+
+def test_skipped_pairs_are_reported_once(tmp_path, caplog, tokenizer):
+    from train.finetune import FinetuneSettings
+
+    data = write_lines(tmp_path / "pairs.jsonl", [json.dumps(PAIR)] * 10 + [json.dumps({"article": "", "highlights": "x"})] * 2)
+    caplog.set_level("INFO")
+    SummarizationTask(FinetuneSettings(data=data, max_source_len=32, max_target_len=16), tokenizer, 512)
+    assert sum("Skipped 2 pairs" in r.getMessage() for r in caplog.records) == 1, caplog.text

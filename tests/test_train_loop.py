@@ -61,3 +61,33 @@ def test_new_lr_scale_moves_cross_attention_faster():
     assert abs(base_learning_rate(opt) - 1e-3) < 1e-9
     plain = make_optimizer(TrainSettings(lr=1e-3), total_steps=10)
     assert not hasattr(plain, "optimizers")
+
+
+def test_save_every_0_saves_the_best_and_the_end(tmp_path):
+    """--save-every 0: no periodic checkpoints, but a new best and the final step are saved."""
+    out = tmp_path / "run"
+    assert finetune.main(ARGS + ["--out", str(out), "--max-steps", "3", "--eval-every", "2", "--save-every", "0", "--keep-last", "1"]) == 0
+    state = TrainerState.load(list_checkpoints(str(out))[-1][1])
+    assert state.step == 3 and state.best_step in (2, 3)
+    assert [s for s, _ in list_checkpoints(str(out))] == sorted({state.best_step, 3})
+
+
+def test_grad_norm_is_logged_without_clipping(tmp_path):
+    out = tmp_path / "run"
+    assert finetune.main(ARGS + ["--out", str(out), "--max-steps", "2", "--eval-every", "0", "--clip-norm", "0"]) == 0
+    norms = [v for _, v in read_metrics(str(out))["train/grad_norm"]]
+    assert len(norms) == 2 and all(v > 0 for v in norms)
+
+
+def test_prune_always_keeps_the_newest_and_the_best(tmp_path, tiny_model, tokenizer):
+    import mlx.optimizers as optim
+
+    from train.checkpoints import prune_checkpoints, save_run_checkpoint
+
+    run_dir = str(tmp_path / "run")
+    for step in (1, 2, 3, 4):
+        save_run_checkpoint(run_dir, tiny_model, tokenizer, optim.AdamW(1e-3), TrainerState(step=step), "float32")
+    prune_checkpoints(run_dir, keep_last=0, best_step=2)
+    assert [s for s, _ in list_checkpoints(run_dir)] == [2, 4]
+    prune_checkpoints(run_dir, keep_last=1, best_step=None)
+    assert [s for s, _ in list_checkpoints(run_dir)] == [4]

@@ -77,3 +77,37 @@ def test_finetune_from_mlm_checkpoint_copies_encoder_into_decoder(tmp_path, mlm_
     # A fine-tuned checkpoint is loaded as it is: its decoder is not overwritten again.
     again, _ = build_model(FinetuneSettings(init=ft_checkpoint, preset="tiny"))
     assert not np.array_equal(np_(again.decoder.layers[0].self_attn.query.weight), np_(again.encoder.layers[0].self_attn.query.weight))
+
+
+def test_pretraining_leaves_the_decoder_alone(tmp_path):
+    """MLM never reaches the decoder: with it frozen, AdamW's weight decay does not shrink it
+    either, and the optimizer keeps no moments for it (the word table is the encoder's)."""
+    import os
+
+    import mlx.core as mx
+
+    out = tmp_path / "run"
+    args = PRETRAIN + ["--out", str(out), "--save-every", "1", "--keep-last", "3", "--weight-decay", "0.1"]
+    assert pretrain.main(args) == 0
+    (_, first), *_, (_, last) = list_checkpoints(str(out))
+    a, b = mx.load(os.path.join(first, "model.safetensors")), mx.load(os.path.join(last, "model.safetensors"))
+    decoder = [k for k in a if k.startswith("decoder.") and ".word." not in k]
+    encoder = [k for k in a if k.startswith("encoder.layers.")]
+    assert decoder and encoder
+    assert all(np.array_equal(np_(a[k]), np_(b[k])) for k in decoder), [k for k in decoder if not np.array_equal(np_(a[k]), np_(b[k]))]
+    assert not all(np.array_equal(np_(a[k]), np_(b[k])) for k in encoder)
+    moments = mx.load(os.path.join(last, "optimizer.safetensors"))
+    assert not [k for k in moments if k.startswith("decoder.") and ".word." not in k]
+    assert [k for k in moments if k.startswith("encoder.mlm_head.")]
+
+
+def test_init_accepts_a_run_folder(mlm_checkpoint):
+    """--init RUN picks the run's newest checkpoint."""
+    import os
+
+    run_dir = os.path.dirname(os.path.dirname(mlm_checkpoint))
+    from_run, _ = build_model(FinetuneSettings(init=run_dir))
+    from_checkpoint, _ = build_model(FinetuneSettings(init=mlm_checkpoint))
+    assert np.array_equal(np_(from_run.encoder.layers[1].ffn.up.weight), np_(from_checkpoint.encoder.layers[1].ffn.up.weight))
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint"):
+        build_model(FinetuneSettings(init=os.path.dirname(run_dir)))

@@ -48,15 +48,19 @@ def assert_same_tensors(a_path: str, b_path: str) -> None:
         assert np.allclose(np.array(a[k]), np.array(b[k]), rtol=1e-6, atol=1e-7), k
 
 
+@pytest.mark.parametrize("resume_flags", ["all", "changed only"])
 @pytest.mark.parametrize("command", ["finetune", "pretrain"])
-def test_resumed_run_matches_uninterrupted_run(tmp_path, command):
+def test_resumed_run_matches_uninterrupted_run(tmp_path, command, resume_flags):
+    """Resumed with the original flags, or with only the ones that change (the rest, data and
+    preset included, come from the run's settings.json)."""
     main, args = COMMANDS[command]
     N, k = 7, 3
     full, split = tmp_path / "full", tmp_path / "split"
     assert main(args + ["--out", str(full), "--max-steps", str(N), "--save-every", str(k)]) == 0
     assert main(args + ["--out", str(split), "--max-steps", str(k), "--save-every", str(k)]) == 0
     # The schedule is that of an N-step run; a k-step run would decay faster. Resume with N.
-    assert main(args + ["--out", str(split), "--max-steps", str(N), "--save-every", str(k), "--resume"]) == 0
+    again = args if resume_flags == "all" else []
+    assert main(again + ["--out", str(split), "--max-steps", str(N), "--save-every", str(k), "--resume"]) == 0
 
     a, b = last_checkpoint(full), last_checkpoint(split)
     assert os.path.basename(a) == os.path.basename(b) == f"step_{N:07d}"
@@ -126,3 +130,35 @@ def test_resume_after_sigkill(tmp_path, caplog):
     reference = tmp_path / "reference"
     assert finetune.main(args + ["--out", str(reference)]) == 0
     assert_same_tensors(os.path.join(final, "model.safetensors"), os.path.join(last_checkpoint(reference), "model.safetensors"))
+
+
+def test_resume_refuses_flags_that_make_another_run(tmp_path, capsys):
+    """Data, model and length limits belong to the run: a resume that changes them is refused
+    with one sentence, before anything is written; schedule-like flags may change."""
+    out = tmp_path / "run"
+    args = FINETUNE + ["--out", str(out), "--save-every", "2"]
+    assert finetune.main(args + ["--max-steps", "2"]) == 0
+    before = list_checkpoints(str(out))
+    settings = (out / "settings.json").read_text()
+    for flag, value in [("--max-source-len", "32"), ("--preset", "seed"), ("--data", str(FIXTURES / "cnndm_sample.jsonl")),
+                        ("--share", None), ("--rouge-examples", "2")]:
+        with pytest.raises(SystemExit) as exit_info:
+            finetune.main(args + ["--max-steps", "4", "--resume", flag] + ([value] if value else []))
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--resume cannot" in err and flag in err, err
+    assert list_checkpoints(str(out)) == before
+    assert (out / "settings.json").read_text() == settings
+    # The same flags, or new --max-steps / --eval-every / --save-every, continue the run.
+    assert finetune.main(args + ["--max-steps", "4", "--eval-every", "2", "--resume"]) == 0
+    assert TrainerState.load(last_checkpoint(out)).step == 4
+
+
+def test_resume_without_a_checkpoint_takes_the_flags_as_given(tmp_path):
+    """A run folder with settings.json but no checkpoint (it failed early) has nothing to
+    continue: --resume starts afresh with the flags given, even different ones."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "settings.json").write_text('{"preset": "seed", "max_source_len": 512, "limit": 3}')
+    assert finetune.main(FINETUNE + ["--out", str(out), "--max-steps", "1", "--resume"]) == 0
+    assert TrainerState.load(last_checkpoint(out)).step == 1

@@ -82,9 +82,10 @@ def save_run_checkpoint(
 
 
 def prune_checkpoints(run_dir: str, keep_last: int, best_step: int | None) -> None:
-    """Delete all but the newest `keep_last` checkpoints and the best one."""
+    """Delete all but the newest `keep_last` checkpoints and the best one. The newest is
+    always kept (what --resume continues from), whatever `keep_last` says."""
     ckpts = list_checkpoints(run_dir)
-    keep = {s for s, _ in ckpts[-keep_last:]} if keep_last > 0 else set()
+    keep = {s for s, _ in ckpts[-max(keep_last, 1):]}
     if best_step is not None:
         keep.add(best_step)
     for s, path in ckpts:

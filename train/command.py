@@ -7,7 +7,7 @@ from typing import Callable
 from b2b import Bert2Bert, Tokenizer
 
 from .init import build_model
-from .loop import Task, TrainingStopped, run
+from .loop import Task, TrainingInterrupted, TrainingStopped, run
 from .settings import TrainSettings, parse_settings
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,8 @@ def run_command(
     description: str,
 ) -> int:
     """Parse the flags, build the model, train; 0 when done, 1 when training had to stop,
-    2 for bad input (one logged sentence, no traceback)."""
+    2 for bad input (one logged sentence, no traceback), 128 + signal number (130 for Ctrl-C)
+    when interrupted."""
     setup_logging()
     s = parse_settings(settings_cls, argv, description=description)
     try:
@@ -33,6 +34,12 @@ def run_command(
     except TrainingStopped as e:
         log.error("%s", e)
         return 1
+    except TrainingInterrupted as e:
+        log.warning("%s", e)
+        return e.exit_code
+    except KeyboardInterrupt:
+        log.error("Aborted by Ctrl-C without saving a checkpoint.")
+        return 130
     except (ValueError, FileNotFoundError) as e:
         log.error("%s", e)
         return 2

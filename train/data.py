@@ -98,6 +98,20 @@ def _files_for_split(folder: str, suffixes: Sequence[str], split: str) -> list[s
     return sorted(f for _, f in chosen.values())
 
 
+def folder_has_split(source: str, split: str, pairs: bool) -> bool:
+    """Whether `source` is a folder with its own files for `split`: `val.jsonl.gz` beside
+    `train.jsonl.gz` (`pairs`), or `wiki.valid.tokens` beside `wiki.train.tokens` (text)."""
+    if not os.path.isdir(source):
+        return False
+    if pairs:
+        try:
+            return _resolve_pair_file(source, split) is not None
+        except DataFileNotFound:
+            return False
+    want = canonical_split(split)
+    return any(_split_of(f) == want for f in _files_for_split(source, TEXT_SUFFIXES, split))
+
+
 def _load_hub(source: str, config: str | None, split: str, limit: int | None):
     """`datasets.load_dataset(source, config, split=split)`, its failure turned into DataError."""
     import datasets  # heavy; only online users pay for it
@@ -293,7 +307,7 @@ def _json_rows(path: str) -> Iterator[tuple[int, dict]]:
     """(line number, object) per JSON line of a .jsonl/.jsonl.gz/.json file; a .json file that
     holds one array is accepted too."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
+    with opener(path, "rt", encoding="utf-8-sig") as f:
         first = True
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -314,7 +328,7 @@ def _json_rows(path: str) -> Iterator[tuple[int, dict]]:
 
 def _csv_rows(path: str) -> Iterator[tuple[int, dict]]:
     csv.field_size_limit(1 << 30)  # articles are far longer than csv's 128 KB default limit
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         for row in reader:
             yield reader.line_num, row

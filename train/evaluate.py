@@ -81,15 +81,17 @@ def evaluate_rouge(
     references: list[str],
     batch_size: int = 8,
     progress: Callable[[int, int], None] | None = None,
+    lead3_scores: dict[str, float] | None = None,
     **decoding,
 ) -> EvalReport:
-    """Generate, then score model and Lead-3 on the same articles with the same scorer."""
+    """Generate, then score model and Lead-3 on the same articles with the same scorer.
+    `lead3_scores` (a previous report's `lead3` for the same articles) skips rescoring Lead-3."""
     if not articles or len(articles) != len(references):
         raise ValueError("Need the same, non-zero number of articles and references.")
     start = time.perf_counter()
     generated = generate_summaries(model, tokenizer, articles, batch_size, progress, **decoding)
     scored = rouge_scores(generated, references)
-    baseline = rouge_scores([lead3(a) for a in articles], references)
+    baseline = lead3_scores if lead3_scores is not None else _means(rouge_scores([lead3(a) for a in articles], references))
     rows = [
         {
             "article": a[:300],
@@ -100,7 +102,7 @@ def evaluate_rouge(
         for a, r, g, per in zip(articles, references, generated, scored.per_example)
     ]
     return EvalReport(
-        _means(scored), _means(baseline), rows, len(articles), time.perf_counter() - start, dict(decoding, batch_size=batch_size)
+        _means(scored), dict(baseline), rows, len(articles), time.perf_counter() - start, dict(decoding, batch_size=batch_size)
     )
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import mlx.core as mx
 import numpy as np
 
 from b2b import Bert2Bert, Tokenizer
 
-from .data import bucketed_batches, collate, load_summarization_pairs, tokenize_pairs
+from .data import bucketed_batches, collate, folder_has_split, load_summarization_pairs, tokenize_pairs
 from .evaluate import evaluate_rouge
 from .command import run_command
 from .loop import Batch
@@ -27,9 +28,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FinetuneSettings(TrainSettings):
+    RUN_IDENTITY: ClassVar[tuple[str, ...]] = TrainSettings.RUN_IDENTITY + (
+        "data", "data_config", "val_data", "article_field", "summary_field", "limit", "max_source_len", "max_target_len", "share",
+    )
+
     data: str = field(default="tests/fixtures/cnndm_tok_sample.jsonl.gz", metadata={"help": "JSONL/JSONL.GZ/CSV/Parquet, or a hub dataset name"})
     data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. 3.0.0 for cnn_dailymail"})
-    val_data: str = field(default="", metadata={"help": "validation pairs (default: hold out 2%% of --data)"})
+    val_data: str = field(default="", metadata={"help": "validation pairs (default: the validation split of a --data folder, else 2%% of --data held out)"})
     article_field: str = "article"
     summary_field: str = "highlights"
     limit: int = field(default=0, metadata={"help": "use only the first N training pairs (0: all)"})
@@ -49,6 +54,19 @@ class FinetuneSettings(TrainSettings):
         super().validate()
         if self.rouge_examples < 0 or self.val_examples < 1:
             raise ValueError("--rouge-examples must be >= 0 and --val-examples >= 1.")
+        if self.limit < 0:
+            raise ValueError("--limit cannot be negative (0: all pairs).")
+        if self.max_source_len < 3 or self.max_target_len < 3:
+            raise ValueError("--max-source-len and --max-target-len must be at least 3 ([CLS], a token, [SEP]).")
+
+    def check_resume(self, saved: dict) -> None:
+        super().check_resume(saved)
+        # The best checkpoint is picked by val/rouge2 with ROUGE examples, else by val/loss.
+        if "rouge_examples" in saved and bool(saved["rouge_examples"]) != bool(self.rouge_examples):
+            raise ValueError(
+                f"--resume cannot switch --rouge-examples between 0 and a positive number (the run in {self.out} "
+                f"used {saved['rouge_examples']}): that changes the metric its best checkpoint was chosen by."
+            )
 
 
 class SummarizationTask:
@@ -61,21 +79,27 @@ class SummarizationTask:
         tgt_len = min(s.max_target_len, max_positions)
         fields = dict(article_field=s.article_field, summary_field=s.summary_field, config=s.data_config or None)
         data = load_summarization_pairs(s.data, split="train", limit=s.limit or None, **fields)
-        if s.val_data:
-            val = load_summarization_pairs(s.val_data, split="validation", limit=max(s.val_examples, s.rouge_examples), **fields)
+        val_source = s.val_data or (s.data if folder_has_split(s.data, "validation", pairs=True) else "")
+        if val_source:
+            val = load_summarization_pairs(val_source, split="validation", limit=max(s.val_examples, s.rouge_examples), **fields)
+            log.info("Validation: %d pairs from %s.", len(val), val.source)
         else:
             cut = max(1, len(data) * 2 // 100)
             val = type(data)(data.articles[-cut:], data.summaries[-cut:], 0, data.source)
             data = type(data)(data.articles[:-cut], data.summaries[:-cut], data.skipped_empty, data.source)
-        if data.skipped_empty:
-            log.info("Skipped %d pairs with an empty article or summary.", data.skipped_empty)
+            log.info("Validation: the last %d pairs of %s, held out from training (no --val-data, no validation split).", cut, data.source)
         self.train = tokenize_pairs(data, tokenizer, src_len, tgt_len)
         self.val = tokenize_pairs(val, tokenizer, src_len, tgt_len)
         self.val_text = val
-        self.src_len = src_len
+        self.src_len, self.tgt_len = src_len, tgt_len
         self.metric = "val/rouge2" if s.rouge_examples else "val/loss"
         self.higher_is_better = bool(s.rouge_examples)
         self._epoch_batches: tuple[int, list[np.ndarray]] | None = None
+        self._lead3: dict[str, float] | None = None  # the articles never change: scored once
+
+    def prepare(self, model: Bert2Bert) -> None:
+        """Summarization trains every weight."""
+        model.unfreeze()
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
         if self._epoch_batches is None or self._epoch_batches[0] != epoch:
@@ -119,8 +143,12 @@ class SummarizationTask:
         if k:
             report = evaluate_rouge(
                 model, self.tok, self.val_text.articles[:k], self.val_text.summaries[:k], self.s.batch_size,
-                num_beams=self.s.eval_num_beams, max_length=self.s.max_target_len, max_source_length=self.src_len,
+                num_beams=self.s.eval_num_beams, max_length=self.tgt_len, max_source_length=self.src_len,
+                lead3_scores=self._lead3,
             )
+            if self._lead3 is None:
+                self._lead3 = report.lead3
+                log.info("Lead-3 on the %d ROUGE articles: %s.", k, ", ".join(f"{n}={v:.2f}" for n, v in report.lead3.items()))
             metrics.update({f"val/{k2}": v for k2, v in report.model.items()})
             samples = "\n\n".join(
                 f"**Reference:** {r['reference']}\n\n**Generated:** {r['generated']}" for r in report.rows[: self.s.samples]

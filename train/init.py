@@ -10,6 +10,7 @@ import mlx.core as mx
 from b2b import B2BConfig, Bert2Bert, Tokenizer, load_checkpoint, load_hf_bert
 from b2b.convert import resolve_hf_folder
 
+from .checkpoints import list_checkpoints
 from .settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ def copy_encoder_into_decoder(model: Bert2Bert) -> None:
 
 def build_model(s: TrainSettings, share: bool = False) -> tuple[Bert2Bert, Tokenizer]:
     """The model a run starts from. `--init` may name a b2b checkpoint (an MLM-pretrained one
-    also warm-starts the decoder from its encoder) or a Hugging Face BERT folder / hub id."""
+    also warm-starts the decoder from its encoder), a run folder (its newest checkpoint) or a
+    Hugging Face BERT folder / hub id."""
     overrides = {"dropout": s.dropout} if s.dropout >= 0 else {}
     if share:
         overrides["share_encoder_decoder"] = True
@@ -40,6 +42,12 @@ def build_model(s: TrainSettings, share: bool = False) -> tuple[Bert2Bert, Token
         cfg = B2BConfig.preset(s.preset, **overrides)
         return Bert2Bert(cfg), Tokenizer.default()
     folder = s.init if os.path.isdir(s.init) else resolve_hf_folder(s.init)
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        runs = list_checkpoints(folder)
+        if not runs:
+            raise FileNotFoundError(f"--init {s.init} is neither a checkpoint (no config.json) nor a run folder with checkpoints.")
+        folder = runs[-1][1]
+        log.info("--init %s is a run folder: starting from its newest checkpoint, %s.", s.init, folder)
     with open(os.path.join(folder, "config.json")) as f:
         is_hf = "model_type" in json.load(f)
     mx.random.seed(s.seed)  # the fresh parts (cross-attention) are seeded too

@@ -19,8 +19,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_map
+from mlx.utils import tree_map, tree_reduce
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from b2b import Bert2Bert, Tokenizer, runtime_info
 
@@ -35,6 +36,14 @@ class TrainingStopped(RuntimeError):
     """The run cannot go on (repeated non-finite losses); the last good checkpoint is kept."""
 
 
+class TrainingInterrupted(Exception):
+    """Ctrl-C / SIGTERM stopped the run after a checkpoint was saved; `exit_code` is 128 + signal."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 @dataclass
 class Batch:
     arrays: tuple  # numpy arrays handed to the task's loss after conversion to mx
@@ -46,6 +55,10 @@ class Task(Protocol):
     name: str  # "mlm" or "summarization"
     metric: str  # "val/..." tag that picks the best checkpoint
     higher_is_better: bool
+
+    def prepare(self, model: Bert2Bert) -> None:
+        """Freeze what this task does not train; called on the model the loop trains (after a resume, the restored one)."""
+        ...
 
     def num_batches(self) -> int: ...
     def batch(self, epoch: int, index: int, step: int) -> Batch: ...
@@ -80,6 +93,11 @@ def make_optimizer(s: TrainSettings, total_steps: int) -> optim.Optimizer:
     return optim.MultiOptimizer([fresh, base], [lambda path, _: ".cross_attn" in path])
 
 
+def global_norm(grads) -> mx.array:
+    """The L2 norm of all gradients together, in float32."""
+    return mx.sqrt(tree_reduce(lambda acc, g: acc + g.astype(mx.float32).square().sum(), grads, mx.array(0.0)))
+
+
 def base_learning_rate(optimizer: optim.Optimizer) -> float:
     opt = optimizer.optimizers[-1] if isinstance(optimizer, optim.MultiOptimizer) else optimizer
     return float(opt.learning_rate.item()) if isinstance(opt.learning_rate, mx.array) else float(opt.learning_rate)
@@ -90,6 +108,7 @@ class _StopFlag:
 
     def __init__(self):
         self.requested = False
+        self.signum = 0
 
     def __enter__(self):
         self._old = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -98,7 +117,7 @@ class _StopFlag:
     def _handle(self, signum, frame):
         if self.requested:  # a second Ctrl-C: leave now
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
         log.warning("Stopping: saving a checkpoint after this step (Ctrl-C again to abort without saving).")
 
     def __exit__(self, *exc):
@@ -115,8 +134,9 @@ def run(
     progress: bool = True,
 ) -> TrainerState:
     """Train `model` on `task` with settings `s`, writing events, metrics and checkpoints in
-    `run_dir`. With `s.resume`, the newest complete checkpoint there is restored first."""
-    os.makedirs(run_dir, exist_ok=True)
+    `run_dir`. With `s.resume`, the newest complete checkpoint there is restored first.
+    Raises TrainingStopped after repeated non-finite steps and TrainingInterrupted after a
+    Ctrl-C (each once the last good checkpoint is on disk)."""
     per_epoch = task.num_batches() // s.grad_accum
     if per_epoch < 1:
         raise ValueError(f"Not enough data for one optimizer step: {task.num_batches()} batches, --grad-accum {s.grad_accum}.")
@@ -126,11 +146,18 @@ def run(
     checkpoints = list_checkpoints(run_dir)
     if s.resume and checkpoints:
         model, tokenizer, state = restore(checkpoints[-1][1], optimizer)
+        if state.metric_name and state.metric_name != task.metric:
+            raise ValueError(
+                f"{checkpoints[-1][1]} chose its best checkpoint by {state.metric_name}, these settings by {task.metric}: "
+                "resume with the run's own settings, or choose another --out."
+            )
         log.info("Resumed %s at step %d (epoch %d, batch %d).", checkpoints[-1][1], state.step, state.epoch, state.batch_in_epoch)
     elif s.resume:
         log.warning("--resume: no checkpoint in %s yet, starting from scratch.", run_dir)
     elif checkpoints:
         raise ValueError(f"{run_dir} already holds checkpoints: pass --resume to continue it, or choose another --out.")
+    os.makedirs(run_dir, exist_ok=True)  # only now: a run refused above leaves no empty folder
+    task.prepare(model)
     model.train()
     s.save(run_dir)
 
@@ -142,11 +169,14 @@ def run(
         (loss, aux), grads = loss_and_grad(model, *arrays)
         return loss, aux, grads
 
+    grad_norm = mx.compile(global_norm)
+
     @partial(mx.compile, inputs=mstate, outputs=mstate)
-    def apply_step(grads):
-        grads, norm = optim.clip_grad_norm(grads, s.clip_norm) if s.clip_norm > 0 else (grads, mx.array(0.0))
+    def apply_step(grads, norm):
+        if s.clip_norm > 0:  # as optim.clip_grad_norm, with the norm already known
+            scale = mx.minimum(s.clip_norm / (norm + 1e-6), 1.0)
+            grads = tree_map(lambda g: g * scale, grads)
         optimizer.update(model, grads)
-        return norm
 
     writer = MetricWriter(run_dir, flush_secs=s.flush_secs, purge_step=state.step + 1 if s.resume else None)
     writer.hparams({"settings": vars(s), "model": model.config.to_dict(), "runtime": runtime_info(), "task": task.name})
@@ -154,7 +184,23 @@ def run(
              model.num_parameters() / 1e6, runtime_info()["blas"])
     bar = tqdm(total=total, initial=state.step, disable=not progress, dynamic_ncols=True, desc=task.name)
     window = {"tokens": 0, "time": 0.0, "loss": [], "aux": []}
-    consecutive_bad = 0
+    bad_kinds: list[str] = []  # what went non-finite in the current run of bad steps
+
+    def skip_bad_step(kind: str, detail: str) -> None:
+        """Count a step whose update is skipped (a non-finite loss or gradient norm); stop
+        the run after `max_bad_steps` in a row."""
+        bad_kinds.append(kind)
+        state.nonfinite_steps += 1
+        writer.scalar("train/nonfinite_steps", state.nonfinite_steps, state.step)
+        log.warning("Non-finite %s at step %d%s: update skipped (%d in a row).", kind, state.step, detail, len(bad_kinds))
+        if len(bad_kinds) >= s.max_bad_steps:
+            kept = list_checkpoints(run_dir)
+            what = {"loss": "losses", "gradient norm": "gradient norms"}
+            kinds = " or ".join(what[k] for k in sorted(set(bad_kinds), key=list(what).index))
+            raise TrainingStopped(
+                f"{len(bad_kinds)} non-finite {kinds} in a row at step {state.step}: lower --lr or check the data; "
+                + (f"the last good checkpoint is {kept[-1][1]}." if kept else "no checkpoint had been saved yet.")
+            )
 
     def save() -> None:
         writer.flush()  # the curve up to a checkpoint is on disk before it: a resume has no gap
@@ -175,7 +221,7 @@ def run(
             writer.scalar("val/best", value, state.step)
         log.info("step %d: %s", state.step, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
-    with _StopFlag() as stop, writer:
+    with _StopFlag() as stop, writer, logging_redirect_tqdm():
         while state.step < total and not stop.requested:
             started = time.perf_counter()
             grads_sum, losses, auxes, tokens, examples = None, [], [], 0, 0
@@ -194,22 +240,19 @@ def run(
                 state.batch_in_epoch += 1
             mean_loss = float(np.mean(losses))
             if not math.isfinite(mean_loss):
-                consecutive_bad += 1
-                state.nonfinite_steps += 1
-                writer.scalar("train/nonfinite_steps", state.nonfinite_steps, state.step)
-                log.warning("Non-finite loss at step %d: update skipped (%d in a row).", state.step, consecutive_bad)
-                if consecutive_bad >= s.max_bad_steps:
-                    kept = list_checkpoints(run_dir)
-                    raise TrainingStopped(
-                        f"{consecutive_bad} non-finite losses in a row at step {state.step}: lower --lr or check the data; "
-                        + (f"the last good checkpoint is {kept[-1][1]}." if kept else "no checkpoint had been saved yet.")
-                    )
+                skip_bad_step("loss", "")
                 continue
-            consecutive_bad = 0
             if s.grad_accum > 1:
                 grads_sum = tree_map(lambda g: g / s.grad_accum, grads_sum)
-            norm = apply_step(grads_sum)
-            mx.eval(model.parameters(), optimizer.state, norm)
+            norm = grad_norm(grads_sum)
+            mx.eval(norm)
+            # A finite loss can still have inf/NaN gradients; clipping would spread them to every weight.
+            if not math.isfinite(norm.item()):
+                skip_bad_step("gradient norm", f" (loss {mean_loss:.4g})")
+                continue
+            bad_kinds.clear()
+            apply_step(grads_sum, norm)
+            mx.eval(model.parameters(), optimizer.state)
             elapsed = time.perf_counter() - started
             state.step += 1
             state.tokens_seen += tokens
@@ -237,7 +280,7 @@ def run(
             if s.eval_every and state.step % s.eval_every == 0:
                 best_before = state.best_step
                 evaluate()
-                if state.best_step != best_before and state.step % s.save_every:
+                if state.best_step != best_before and not (s.save_every and state.step % s.save_every == 0):
                     save()  # a new best is always on disk
             if s.save_every and state.step % s.save_every == 0:
                 save()
@@ -250,6 +293,11 @@ def run(
         if final_eval or not list_checkpoints(run_dir) or list_checkpoints(run_dir)[-1][0] != state.step:
             save()
     bar.close()
+    if stop.requested:
+        raise TrainingInterrupted(
+            f"Stopped at step {state.step} by a signal; its checkpoint is in {os.path.join(run_dir, 'checkpoints')}: continue with --resume.",
+            128 + stop.signum,
+        )
     log.info("Done: step %d, %d examples, %.0f s; checkpoints in %s.", state.step, state.examples_seen,
              state.wall_seconds, os.path.join(run_dir, "checkpoints"))
     return state

@@ -8,13 +8,14 @@ import logging
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import mlx.core as mx
 import numpy as np
 
 from b2b import Bert2Bert, Tokenizer
 
-from .data import load_text_documents, make_nsp_pairs, pack_mlm_blocks
+from .data import folder_has_split, load_text_documents, make_nsp_pairs, pack_mlm_blocks
 from .command import run_command
 from .loop import Batch
 from .losses import mlm_loss
@@ -27,15 +28,26 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PretrainSettings(TrainSettings):
+    RUN_IDENTITY: ClassVar[tuple[str, ...]] = TrainSettings.RUN_IDENTITY + ("data", "data_config", "val_data", "block_size", "nsp")
+
     data: str = field(default="tests/fixtures/wikitext_sample.tokens", metadata={"help": "text file/folder, or a hub dataset name"})
     data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. wikitext-2-raw-v1"})
-    val_data: str = field(default="", metadata={"help": "validation text (default: hold out 2%% of --data)"})
+    val_data: str = field(default="", metadata={"help": "validation text (default: the validation files of a --data folder, else 2%% of --data held out)"})
     block_size: int = 128
     nsp: bool = field(default=False, metadata={"help": "add next-sentence prediction"})
     mask_rate: float = 0.15
     val_batches: int = 20
     lr: float = 5e-4
     out: str = "logs/mlm"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.block_size < (5 if self.nsp else 4):
+            raise ValueError("--block-size must be at least 4 (5 with --nsp).")
+        if not 0 < self.mask_rate < 1:
+            raise ValueError("--mask-rate must be between 0 and 1.")
+        if self.val_batches < 1:
+            raise ValueError("--val-batches must be at least 1.")
 
 
 class MLMTask:
@@ -46,16 +58,26 @@ class MLMTask:
     def __init__(self, s: PretrainSettings, tokenizer: Tokenizer):
         self.s, self.tok = s, tokenizer
         docs = load_text_documents(s.data, config=s.data_config or None)
-        if s.val_data:
-            val_docs = load_text_documents(s.val_data, split="validation", config=s.data_config or None)
+        val_source = s.val_data or (s.data if folder_has_split(s.data, "validation", pairs=False) else "")
+        if val_source:
+            val_docs = load_text_documents(val_source, split="validation", config=s.data_config or None)
+            log.info("Validation: %d documents from %s.", len(val_docs), val_source)
         else:  # hold out the last 2% of documents (at least one; two for NSP's random halves)
             cut = max(2 if s.nsp else 1, len(docs) * 2 // 100)
             docs, val_docs = docs[:-cut] or docs, docs[-cut:]
+            log.info("Validation: the last %d documents of %s, held out from training (no --val-data, no validation split).", cut, s.data)
         self.train = self._blocks(docs, np.random.default_rng(s.seed))
         self.val = self._blocks(val_docs, np.random.default_rng(s.seed + 1))
         self.specials = {tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.unk_id}
         self.slots = max_predictions(s.block_size, s.mask_rate)
         log.info("MLM data: %d train and %d validation blocks of %d tokens.", len(self.train[0]), len(self.val[0]), s.block_size)
+
+    def prepare(self, model: Bert2Bert) -> None:
+        """Train the encoder and its MLM/NSP heads only: a frozen decoder gets no AdamW update,
+        so weight decay does not shrink weights the MLM loss never reaches. (The decoder's word
+        table is the encoder's, so it stays trainable.)"""
+        model.freeze()
+        model.encoder.unfreeze()
 
     def _blocks(self, docs: list[str], rng: np.random.Generator):
         if self.s.nsp:
