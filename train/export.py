@@ -88,9 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", default="demo/checkpoint")
     p.add_argument("--dtype", default="int8", choices=["float32", "float16", "bfloat16", "int8"])
+    p.add_argument("--notes", help="a Markdown file appended to the card (limitations, known problems)")
     a = p.parse_args(argv)
     try:
         card = model_card(a.checkpoint, a.dtype)
+        if a.notes:
+            with open(a.notes) as f:
+                card += "\n" + f.read()
         model, tokenizer = load_checkpoint(a.checkpoint)
     except (ValueError, FileNotFoundError) as e:
         log.error("%s", e)
