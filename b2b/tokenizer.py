@@ -345,6 +345,8 @@ def _glue(tokens: list[str]) -> str:
             left, right = role in ("close", "mark", "join"), role in ("open", "elide", "join")
             if role in ("open", "close"):
                 is_open[tok] = role == "open"
+        elif tok in ("`", "‘"):  # a PTB / curly opening single quote: the next ' closes it
+            is_open["'"] = True
         out += tok if (glue_next or left) else " " + tok
         glue_next = right
     return out

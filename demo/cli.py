@@ -93,10 +93,15 @@ def paste_waiting(stream=None, wait: float = PASTE_WAIT) -> bool:
         return False
 
 
-def read_entry(read: Callable[[str], str] = input, more: Callable[[], bool] = paste_waiting) -> str | None:
+def read_entry(
+    read: Callable[[str], str] = input, more: Callable[[], bool] = paste_waiting, pending: list[str] | None = None
+) -> str | None:
     """One entry at the prompt: a `>command` line, or an article's lines up to an empty line
-    (one that `more()` says is followed by more pasted lines does not end it). None at the end
-    of the input."""
+    (one that `more()` says is followed by more pasted lines does not end it) or up to a
+    `>command` line, which is kept in `pending` for the next call. None at the end of the input."""
+    pending = [] if pending is None else pending
+    if pending:
+        return pending.pop(0)
     try:
         first = read(PROMPT)
     except EOFError:
@@ -110,6 +115,9 @@ def read_entry(read: Callable[[str], str] = input, more: Callable[[], bool] = pa
         except EOFError:
             break
         if not line.strip() and not more():
+            break
+        if line.lstrip().startswith(">"):  # a command right after the article: its own entry
+            pending.append(line)
             break
         lines.append(line)
     return "\n".join(lines)
@@ -175,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"Model: {served.headline()} ({served.path})\n{HELP}", file=sys.stderr)
+    pending: list[str] = []
     while True:
         try:
-            entry = read_entry()
+            entry = read_entry(pending=pending)
         except KeyboardInterrupt:
             entry = None
         if entry is None:

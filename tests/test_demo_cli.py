@@ -81,3 +81,10 @@ def test_blank_lines_inside_a_paste_do_not_end_the_article():
     assert entry == "First paragraph.\n\nSecond paragraph."
     assert cli.read_entry(lambda prompt: next(lines), lambda: False) == ">exit"
     assert cli.read_entry(lambda prompt: (_ for _ in ()).throw(EOFError), lambda: False) is None
+
+
+def test_a_command_right_after_an_article_is_not_part_of_it(ckpt, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Some news today.\nMore news.\n>exit\nnot an article\n"))
+    assert cli.main(["--checkpoint", ckpt, *FAST]) == 0
+    _, err = capsys.readouterr()
+    assert err.count("input tokens") == 1  # the article, then >exit ended the session

@@ -300,3 +300,9 @@ def test_non_str_input_raises(tok: Tokenizer) -> None:
     ):
         with pytest.raises(TokenizerError):
             call()
+
+
+def test_a_backtick_opens_a_single_quote_that_the_next_apostrophe_closes():
+    from b2b.tokenizer import detokenize
+
+    assert detokenize("` hello ' world") == "`Hello' world"

@@ -162,3 +162,20 @@ def test_resume_without_a_checkpoint_takes_the_flags_as_given(tmp_path):
     (out / "settings.json").write_text('{"preset": "seed", "max_source_len": 512, "limit": 3}')
     assert finetune.main(FINETUNE + ["--out", str(out), "--max-steps", "1", "--resume"]) == 0
     assert TrainerState.load(last_checkpoint(out)).step == 1
+
+
+def test_resume_with_a_broken_settings_file_is_one_sentence(tmp_path, tiny_model, tokenizer, capsys):
+    import pytest
+
+    from b2b import save_checkpoint
+    from train.checkpoints import STATE
+    from train.finetune import FinetuneSettings
+    from train.settings import parse_settings
+
+    ckpt = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "checkpoints" / "step_0000001"))
+    (tmp_path / "checkpoints" / "step_0000001" / STATE).write_text("{}")
+    (tmp_path / "settings.json").write_text('{"batch_size": 8, "lr"')  # cut off mid-write
+    with pytest.raises(SystemExit) as stop:
+        parse_settings(FinetuneSettings, ["--data", "x.jsonl", "--out", str(tmp_path), "--resume"])
+    assert stop.value.code == 2
+    assert "settings.json is unreadable" in capsys.readouterr().err

@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         card = model_card(a.checkpoint, a.dtype)
         if a.notes:
-            with open(a.notes) as f:
+            with open(a.notes, encoding="utf-8") as f:
                 card += "\n" + f.read()
         model, tokenizer = load_checkpoint(a.checkpoint)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         log.error("%s", e)
         return 2
     path = save_checkpoint(model, tokenizer, a.out, dtype=None if a.dtype == "float32" else a.dtype)

@@ -293,7 +293,7 @@ def run(
         if final_eval or not list_checkpoints(run_dir) or list_checkpoints(run_dir)[-1][0] != state.step:
             save()
     bar.close()
-    if stop.requested:
+    if stop.requested and state.step < total:  # a signal during the last step: the run is done
         raise TrainingInterrupted(
             f"Stopped at step {state.step} by a signal; its checkpoint is in {os.path.join(run_dir, 'checkpoints')}: continue with --resume.",
             128 + stop.signum,

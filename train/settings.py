@@ -89,8 +89,11 @@ class TrainSettings:
             )
 
     def save(self, folder: str) -> None:
-        with open(os.path.join(folder, SETTINGS), "w") as f:
+        # Written aside, then renamed: a kill mid-write must not leave a file that breaks --resume.
+        path = os.path.join(folder, SETTINGS)
+        with open(path + ".tmp", "w") as f:
             json.dump(dataclasses.asdict(self), f, indent=2)
+        os.replace(path + ".tmp", path)
 
 
 def _flag(name: str) -> str:
@@ -112,8 +115,13 @@ def saved_settings(cls: type, run_dir: str) -> dict:
     path = os.path.join(run_dir, SETTINGS)
     if not os.path.isfile(path) or not list_checkpoints(run_dir):
         return {}
-    with open(path) as f:
-        data = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"Cannot resume from {run_dir}: its {SETTINGS} is unreadable ({e}).") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"Cannot resume from {run_dir}: its {SETTINGS} does not hold a settings object.")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -142,7 +150,10 @@ def parse_settings(cls: type, argv: list[str] | None = None, description: str = 
     through `parser.error` (one sentence, exit code 2)."""
     parser = build_parser(cls, description)
     args = parser.parse_args(argv)
-    saved = saved_settings(cls, args.out) if args.resume else {}
+    try:
+        saved = saved_settings(cls, args.out) if args.resume else {}
+    except ValueError as e:
+        parser.error(str(e))
     if saved:
         parser.set_defaults(**saved)
         args = parser.parse_args(argv)
