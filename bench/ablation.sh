@@ -2,14 +2,14 @@
 # Initialisation ablation for summarization, same fine-tuning budget for every arm:
 #   random (minilm preset)  |  own encoder MLM-pretrained on WikiText-2 (train.pretrain)
 #   MiniLM warm start (BERT2BERT)  |  MiniLM warm start, BERTShare
-# Usage: bash bench/ablation.sh [OUT_DIR]   (needs ../shared; ~1-2 h on 2 CPU cores)
+# Usage: bash bench/ablation.sh [OUT_DIR]   (needs ../shared; ~45 min on 2 idle CPU cores)
 # Knobs (environment): STEPS, MLM_STEPS, PY. Results: OUT_DIR/*/trainer_state.json, and the
 # table printed by `python -m bench.ablation_table OUT_DIR` at the end.
 set -euo pipefail
 OUT=${1:-logs/ablation}
 PY=${PY:-python}
-STEPS=${STEPS:-150}
-MLM_STEPS=${MLM_STEPS:-300}
+STEPS=${STEPS:-100}
+MLM_STEPS=${MLM_STEPS:-150}
 SHARED=${SHARED:-../shared}
 MINILM=$SHARED/models/minilm-l6-h384-uncased
 FT=(-m train.finetune --data "$SHARED/data/cnndm/train.jsonl.gz" --val-data "$SHARED/data/cnndm/val.jsonl.gz"

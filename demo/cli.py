@@ -17,7 +17,7 @@ import b2b  # noqa: F401 - preloads the fast BLAS before mlx
 from b2b import summarize
 
 from .data import SAMPLE_SET, SAMPLE_SIZE
-from .store import CheckpointStore, NoCheckpoint, Served, train_hint
+from .store import BUNDLED, CheckpointStore, NoCheckpoint, Served, train_hint
 from .validate import (
     DECODING_FIELDS, SUMMARIZE_DEFAULTS, BadInput, check_text, clip_text, decoding_kwargs, read_text_file,
 )
@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--checkpoint", metavar="DIR", help="checkpoint folder to use")
     where.add_argument("--watch", default="logs", help="use the newest checkpoint under this folder (default: logs)")
+    p.add_argument("--fallback", default=BUNDLED, metavar="DIR",
+                       help="used while --watch has no checkpoint ('' for none; default: demo/checkpoint)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--text", help="summarize this text and exit")
     what.add_argument("--file", help="summarize this .txt/.md file and exit")
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
         decoding = decoding_from(a)
-        store = CheckpointStore(a.watch, pinned=a.checkpoint, settle_seconds=0.0)
+        store = CheckpointStore(a.watch, pinned=a.checkpoint, fallback=a.fallback or None, settle_seconds=0.0)
         store.refresh()
         served = store.require()
         if a.text is not None:

@@ -34,7 +34,7 @@ def test_text_and_file_one_shot(ckpt, tmp_path, capsys):
 def test_errors_are_one_line_and_exit_2(ckpt, tmp_path, capsys):
     assert cli.main(["--checkpoint", ckpt, "--text", "  ", *FAST]) == 2
     assert capsys.readouterr().err.startswith("error: There is no text")
-    assert cli.main(["--watch", str(tmp_path), "--text", "hello"]) == 2
+    assert cli.main(["--watch", str(tmp_path), "--fallback", "", "--text", "hello"]) == 2
     err = capsys.readouterr().err
     # The exact command, writing where this CLI looks, and the bundled fallback it also tried.
     assert f"python -m train.finetune --preset tiny --max-steps 200 --save-every 50 --out {tmp_path / 'quick'}" in err
@@ -88,3 +88,8 @@ def test_a_command_right_after_an_article_is_not_part_of_it(ckpt, monkeypatch, c
     assert cli.main(["--checkpoint", ckpt, *FAST]) == 0
     _, err = capsys.readouterr()
     assert err.count("input tokens") == 1  # the article, then >exit ended the session
+
+
+def test_an_empty_watch_folder_falls_back_to_the_shipped_checkpoint(ckpt, tmp_path, capsys):
+    assert cli.main(["--watch", str(tmp_path), "--fallback", ckpt, "--text", "Some news today.", *FAST]) == 0
+    assert "summary tokens" in capsys.readouterr().err
