@@ -10,7 +10,8 @@ want_tests=0
 [[ "${1:-}" == "--test" ]] && want_tests=1
 
 if [[ "$(uname -s)" == "Linux" ]]; then
-  if ! ls /usr/lib/*-linux-gnu/libopenblas.so.0 /usr/lib64/libopenblas.so.0 >/dev/null 2>&1; then
+  # (ls of both paths would fail when either is missing: test each)
+  if ! compgen -G "/usr/lib/*-linux-gnu/libopenblas.so.0" >/dev/null && [[ ! -e /usr/lib64/libopenblas.so.0 ]]; then
     as_root=""
     [[ "$(id -u)" != "0" ]] && command -v sudo >/dev/null && as_root="sudo"
     if command -v apt-get >/dev/null && { [[ "$(id -u)" == "0" ]] || [[ -n "$as_root" ]]; }; then
