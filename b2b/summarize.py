@@ -218,11 +218,14 @@ def _stream(model: Bert2Bert, tokenizer: Tokenizer, job: _Job, return_attention:
 
 
 def attention_maps(
-    model: Bert2Bert, tokenizer: Tokenizer, src_ids: mx.array, summary_ids: list[int], ended: bool = True
+    model: Bert2Bert, tokenizer: Tokenizer, src_ids: mx.array | list[int], summary_ids: list[int], ended: bool = True
 ) -> AttentionMaps:
     """Re-run the finished summary teacher-forced (one pass, explicit attention) to collect
-    every layer's and head's weights: the same numbers the cached decode computed."""
+    every layer's and head's weights: the same numbers the cached decode computed. `src_ids`:
+    (1, S) ids, or one list of ids (callers need not import mlx)."""
     c = model.config
+    if not isinstance(src_ids, mx.array):
+        src_ids = mx.array(np.asarray(src_ids, dtype=np.int32).reshape(1, -1))
     produced = list(summary_ids) + ([c.sep_id] if ended else [])
     if src_ids.shape[-1] > c.max_positions or len(produced) > c.max_positions:
         raise InputError(f"Attention maps cover at most {c.max_positions} source and {c.max_positions} summary tokens.")

@@ -58,10 +58,8 @@ class MapsCache:
 
 def _compute(model: Bert2Bert, tokenizer: Tokenizer, text: str, summary_ids: list[int], ended: bool) -> AttentionMaps:
     """Runs on the model worker: one teacher-forced pass with explicit attention."""
-    import mlx.core as mx  # attention_maps wants the source ids as an mx.array (mlx cannot index with numpy)
-
     enc = tokenizer.encode(text, max_length=model.config.max_positions)
-    return attention_maps(model, tokenizer, mx.array([enc.ids], dtype=mx.int32), summary_ids, ended)
+    return attention_maps(model, tokenizer, enc.ids, summary_ids, ended)
 
 
 def get_maps(store: CheckpointStore, cache: MapsCache, last: dict | None) -> AttentionMaps:

@@ -162,3 +162,13 @@ def test_summarize_decodes_text_once_and_builds_casing_once(tiny_model, tokenize
     calls.update(decode=0, table=0)
     chunks = list(stream_summarize(tiny_model, tokenizer, text, max_length=8, no_repeat_ngram_size=0))
     assert calls["table"] == 1 and calls["decode"] == len(chunks)  # one per step, then the result
+
+
+def test_attention_maps_take_a_plain_list_of_source_ids(tiny_model, tokenizer):
+    from b2b import attention_maps
+
+    ids = tokenizer.encode("Officials said the bridge will reopen.", max_length=32).ids
+    from_list = attention_maps(tiny_model, tokenizer, ids, [2000, 2001], ended=True)
+    from_array = attention_maps(tiny_model, tokenizer, mx.array([ids], dtype=mx.int32), [2000, 2001], ended=True)
+    assert from_list.source_tokens == from_array.source_tokens
+    assert np.array_equal(from_list.cross, from_array.cross)
