@@ -126,7 +126,7 @@ def _start(
     _check_vocab(model, tokenizer)
     limit = _source_limit(max_source_length, model.config.max_positions)
     batch = tokenizer.batch_encode(texts, max_length=limit)
-    counts = [tokenizer.encode(t, max_length=limit).num_tokens for t in texts]
+    counts = batch.num_tokens  # one tokenization per text
     src_ids = mx.array(batch.ids)
     steps = decode_stream(model, src_ids, mx.array(batch.attention_mask), cfg)  # checks cfg against the model
     # Uncased models lose names' capitals; the sources give them back.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,7 @@ class BatchEncoding:
     attention_mask: np.ndarray  # (B, T) int32: 1 real token, 0 padding
     lengths: np.ndarray  # (B,) int32
     truncated: list[bool]
+    num_tokens: list[int] = field(default_factory=list)  # before truncation, specials included
 
 
 def _check_str(text: object, what: str = "text") -> str:
@@ -240,7 +241,7 @@ class Tokenizer:
         for row, e in zip(ids, encs):
             row[: len(e.ids)] = e.ids
         mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int32)  # (B, T)
-        return BatchEncoding(ids, mask, lengths, [e.truncated for e in encs])
+        return BatchEncoding(ids, mask, lengths, [e.truncated for e in encs], [e.num_tokens for e in encs])
 
     def encode_plain(self, texts: list[str]) -> list[list[int]]:
         """Ids of each text, no special tokens, no truncation (for data pipelines)."""
@@ -331,7 +332,6 @@ def _quote_role(tok: str, prev: str, nxt: str, is_open: bool, next_closes: bool)
 def _glue(tokens: list[str]) -> str:
     """Join tokens, attaching punctuation and pairing quotes (open: glue right, close: left)."""
     out, glue_next, is_open = "", True, {'"': False, "'": False}
-    nxt_of = dict(zip(range(len(tokens)), tokens[1:]))
     doubles = [i for i, t in enumerate(tokens) if t == '"']
     # Single quotes get no look-ahead: a possessive (the players') before a comma looks like a close.
     next_double = dict(zip(doubles, doubles[1:]))
@@ -340,8 +340,9 @@ def _glue(tokens: list[str]) -> str:
         right = tok in _GLUE_RIGHT or tok in _GLUE_BOTH
         if tok in is_open:
             j = next_double.get(i)
-            next_closes = j is not None and nxt_of.get(j) in _QUOTE_CLOSERS
-            role = _quote_role(tok, tokens[i - 1] if i else "", nxt_of.get(i, ""), is_open[tok], next_closes)
+            next_closes = j is not None and j + 1 < len(tokens) and tokens[j + 1] in _QUOTE_CLOSERS
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
+            role = _quote_role(tok, tokens[i - 1] if i else "", nxt, is_open[tok], next_closes)
             left, right = role in ("close", "mark", "join"), role in ("open", "elide", "join")
             if role in ("open", "close"):
                 is_open[tok] = role == "open"

@@ -13,8 +13,7 @@ import select
 import sys
 from typing import Callable
 
-import b2b  # noqa: F401 - preloads the fast BLAS before mlx
-from b2b import summarize
+from b2b import summarize  # (demo/__init__ imported b2b first: the fast BLAS is loaded)
 
 from .data import SAMPLE_SET, SAMPLE_SIZE
 from .store import BUNDLED, CheckpointStore, NoCheckpoint, Served, train_hint
@@ -156,10 +155,11 @@ def handle(line: str, served: Served, decoding: dict, out=None, err=None) -> boo
     return True
 
 
-def no_checkpoint_message(watch: str) -> str:
+def no_checkpoint_message(watch: str, fallback: str | None) -> str:
     """What to do when there is no model: the command that trains one where this looks."""
+    tried = f"{watch} or in {fallback}" if fallback else watch
     return (
-        f"There is no checkpoint under {watch} and no demo/checkpoint/ to fall back on; train a small one "
+        f"There is no checkpoint under {tried}; train a small one "
         f"in a few minutes with `{train_hint(watch)}` and run this again, or pass --checkpoint DIR."
     )
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             summarize_one(served, read_text_file(a.file, require_suffix=False), decoding)
             return 0
     except NoCheckpoint:
-        print(f"error: {store.warning or no_checkpoint_message(a.watch)}", file=sys.stderr)
+        print(f"error: {store.warning or no_checkpoint_message(a.watch, a.fallback)}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

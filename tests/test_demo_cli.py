@@ -38,7 +38,9 @@ def test_errors_are_one_line_and_exit_2(ckpt, tmp_path, capsys):
     err = capsys.readouterr().err
     # The exact command, writing where this CLI looks, and the bundled fallback it also tried.
     assert f"python -m train.finetune --preset tiny --max-steps 200 --save-every 50 --out {tmp_path / 'quick'}" in err
-    assert "demo/checkpoint/" in err and err.count("\n") == 1
+    assert "--fallback" not in err and err.count("\n") == 1
+    assert cli.main(["--watch", str(tmp_path), "--fallback", str(tmp_path / "none"), "--text", "hello"]) == 2
+    assert f"or in {tmp_path / 'none'};" in capsys.readouterr().err  # it says where else it looked
     assert cli.main(["--checkpoint", ckpt, "--text", "hi", "--min-length", "9", "--max-length", "3"]) == 2
 
 

@@ -138,6 +138,7 @@ def test_batch_encode_pads_and_masks(tok: Tokenizer) -> None:
     for row, mask, n, text in zip(batch.ids, batch.attention_mask, batch.lengths, texts):
         assert row[:n].tolist() == tok.encode(text, max_length=8).ids
         assert (row[n:] == tok.pad_id).all() and mask.tolist() == [1] * n + [0] * (8 - n)
+    assert batch.num_tokens == [tok.encode(t, max_length=8).num_tokens for t in texts]
     assert batch.lengths.tolist() == [5, 8, 2]
     unpadded = tok.batch_encode(texts[:1])
     assert unpadded.ids.shape == (1, 5) and unpadded.attention_mask.all()
