@@ -74,8 +74,10 @@ def test_long_input_shows_the_truncation_notice(store):
 def test_a_pasted_megabyte_is_cut_before_it_is_tokenized(store, monkeypatch):
     served = store.current()
     seen = []
-    encode = type(served.tokenizer).encode
-    monkeypatch.setattr(type(served.tokenizer), "encode", lambda self, t, *a, **k: seen.append(len(t)) or encode(self, t, *a, **k))
+    cls = type(served.tokenizer)
+    encode, encode_plain = cls.encode, cls.encode_plain
+    monkeypatch.setattr(cls, "encode", lambda self, t, *a, **k: seen.append(len(t)) or encode(self, t, *a, **k))
+    monkeypatch.setattr(cls, "encode_plain", lambda self, ts: seen.extend(map(len, ts)) or encode_plain(self, ts))
     text = "word " * 190_000  # 950 KB: under the 1 MB limit
     *_, (_, stats, state) = tab_summarize.summarize_stream(store, text, *DECODING)
     limit = CHARS_PER_POSITION * served.model.config.max_positions
