@@ -4,30 +4,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import numbers
 import os
 from dataclasses import dataclass
+
+from .typecheck import type_problem
 
 log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
     """An invalid architecture setting."""
-
-
-# Field annotations are strings here (`from __future__ import annotations`).
-_TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
-
-
-def _has_type(value: object, annotation: str) -> bool:
-    """Whether a config.json value fits its field (JSON has no int/bool split Python respects)."""
-    if annotation == "bool":
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    if annotation == "int":
-        return isinstance(value, numbers.Integral)
-    return isinstance(value, numbers.Real)
 
 
 @dataclass(frozen=True)
@@ -51,10 +37,8 @@ class B2BConfig:
     tie_embeddings: bool = True  # LM heads project with the word-embedding matrix
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not _has_type(value, f.type):
-                raise ConfigError(f"{f.name} must be {_TYPE_WORDS[f.type]}, got {value!r} ({type(value).__name__}).")
+        if problem := type_problem(self):
+            raise ConfigError(problem)
         for name in ("vocab_size", "hidden_size", "num_heads", "ffn_size", "max_positions", "type_vocab_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")

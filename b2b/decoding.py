@@ -3,32 +3,13 @@ sentence naming it before any token is decoded."""
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, fields
 
-import numpy as np
+from .typecheck import type_problem
 
 
 class DecodingError(ValueError):
     """Invalid decoding settings."""
-
-
-# What each setting must be (checked before any range check, so "4" for num_beams is a
-# sentence naming the setting, not a TypeError from comparing a str with an int).
-_INT, _NUMBER, _BOOL = "a whole number", "a number", "True or False"
-_KINDS = {
-    "max_length": _INT, "min_length": _INT, "num_beams": _INT, "length_penalty": _NUMBER,
-    "no_repeat_ngram_size": _INT, "early_stopping": _BOOL, "do_sample": _BOOL,
-    "temperature": _NUMBER, "top_k": _INT, "top_p": _NUMBER,
-}
-
-
-def _is_kind(value: object, kind: str) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return kind == _BOOL  # True is an int to Python, but never a count or a temperature here
-    if kind == _INT:
-        return isinstance(value, numbers.Integral)
-    return kind == _NUMBER and isinstance(value, numbers.Real)
 
 
 @dataclass(frozen=True)
@@ -49,12 +30,8 @@ class DecodingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name, kind in _KINDS.items():
-            value = getattr(self, name)
-            if not _is_kind(value, kind):
-                raise DecodingError(f"{name} must be {kind}, got {value!r} ({type(value).__name__}).")
-        if self.seed is not None and not _is_kind(self.seed, _INT):
-            raise DecodingError(f"seed must be a whole number or None, got {self.seed!r} ({type(self.seed).__name__}).")
+        if problem := type_problem(self):
+            raise DecodingError(problem)
         checks = [
             (self.max_length >= 1, f"max_length must be at least 1, got {self.max_length}."),
             (self.min_length >= 0, f"min_length must not be negative, got {self.min_length}."),
