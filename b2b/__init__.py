@@ -5,7 +5,7 @@
 from .runtime import runtime_info  # noqa: I001 - must come before anything that imports mlx
 
 from .cache import DecoderCache, LayerCache
-from .checkpoint import CheckpointError, is_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, dtype_name, is_checkpoint, load_checkpoint, save_checkpoint
 from .config import PRESETS, B2BConfig, ConfigError
 from .convert import ConversionError, load_hf_bert
 from .generate import DecodingConfig, DecodingError, Hypothesis, generate
@@ -22,6 +22,6 @@ __all__ = [
     "AttentionMaps", "B2BConfig", "Bert2Bert", "CheckpointError", "ConfigError", "ConversionError",
     "DecoderCache", "DecodingConfig", "DecodingError", "Hypothesis", "InputError", "Intermediates",
     "LayerCache", "PRESETS", "RougeResult", "StreamChunk", "SummaryResult", "Tokenizer", "TokenizerError",
-    "attention_maps", "generate", "is_checkpoint", "lead3", "load_checkpoint", "load_hf_bert", "rouge_scores",
+    "attention_maps", "dtype_name", "generate", "is_checkpoint", "lead3", "load_checkpoint", "load_hf_bert", "rouge_scores",
     "runtime_info", "save_checkpoint", "stream_summarize", "summarize",
 ]

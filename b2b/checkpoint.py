@@ -30,12 +30,14 @@ class CheckpointError(ValueError):
     or an unknown precision asked of one."""
 
 
-def _dtype_name(dtype: object, allowed: tuple[str, ...]) -> str:
+_NAME_OF = {v: k for k, v in _DTYPES.items()}
+
+
+def dtype_name(dtype: object, allowed: tuple[str, ...] = SAVE_DTYPES) -> str:
     """The canonical name of a precision given as a name, an alias (fp16, half, bf16, fp32)
-    or an mx.Dtype."""
-    by_dtype = {v: k for k, v in _DTYPES.items()}
-    if isinstance(dtype, mx.Dtype) and by_dtype.get(dtype) in allowed:
-        return by_dtype[dtype]
+    or an mx.Dtype; CheckpointError (a ValueError) listing `allowed` otherwise."""
+    if isinstance(dtype, mx.Dtype) and _NAME_OF.get(dtype) in allowed:
+        return _NAME_OF[dtype]
     name = _ALIASES.get(dtype.lower(), dtype.lower()) if isinstance(dtype, str) else None
     if name not in allowed:
         aliases = ", ".join(a for a, full in _ALIASES.items() if full in allowed)
@@ -56,7 +58,7 @@ def save_checkpoint(
     folder `path` atomically. `extra` adds JSON files (e.g. trainer_state.json) and `arrays` extra
     safetensors files (e.g. optimizer.safetensors) inside the same atomic write."""
     if dtype is not None:
-        dtype = _dtype_name(dtype, SAVE_DTYPES)
+        dtype = dtype_name(dtype, SAVE_DTYPES)
     path = os.path.abspath(path)
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -133,7 +135,7 @@ def load_checkpoint(path: str, dtype: str | None = None) -> tuple[Bert2Bert, Tok
     config.json has `model_type`) is warm-started instead. `dtype` (float32, float16, bfloat16,
     or fp32, fp16, half, bf16) casts the weights."""
     if dtype is not None:
-        dtype = _dtype_name(dtype, tuple(_DTYPES))
+        dtype = dtype_name(dtype, tuple(_DTYPES))
     if not os.path.isdir(path):
         raise FileNotFoundError(f"No checkpoint folder at {path}.")
     cfg_path = os.path.join(path, CONFIG)

@@ -29,3 +29,15 @@ def test_export_float16_with_card_notes_and_reports(tmp_path, tiny_model, tokeni
 def test_export_of_a_missing_checkpoint_is_one_error(tmp_path, caplog):
     assert export_main(["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_export_and_training_accept_the_precision_aliases_of_the_library(tmp_path, tiny_model, tokenizer):
+    from train.finetune import FinetuneSettings
+    from train.settings import parse_settings
+
+    ckpt = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "ckpt"))
+    assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "out"), "--dtype", "fp16"]) == 0
+    assert "weights stored as float16" in (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    s = parse_settings(FinetuneSettings, ["--data", "x.jsonl", "--out", str(tmp_path / "run"), "--save-dtype", "BF16"])
+    assert s.save_dtype == "bfloat16"
+    assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "o2"), "--dtype", "int4"]) == 2

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from b2b import load_checkpoint, runtime_info, save_checkpoint
+from b2b import dtype_name, load_checkpoint, runtime_info, save_checkpoint
 
 from .checkpoints import STATE, TrainerState
 from .command import setup_logging
@@ -87,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--out", default="demo/checkpoint")
-    p.add_argument("--dtype", default="int8", choices=["float32", "float16", "bfloat16", "int8"])
+    p.add_argument("--dtype", default="int8", help="float32, float16, bfloat16 or int8 (aliases: fp16, bf16, ...)")
     p.add_argument("--notes", help="a Markdown file appended to the card (limitations, known problems)")
     a = p.parse_args(argv)
     try:
+        a.dtype = dtype_name(a.dtype)
         card = model_card(a.checkpoint, a.dtype)
         if a.notes:
             with open(a.notes, encoding="utf-8") as f:

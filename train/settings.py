@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from b2b import dtype_name
+
 from .checkpoints import list_checkpoints
 
 log = logging.getLogger(__name__)
@@ -73,8 +75,8 @@ class TrainSettings:
             raise ValueError("--keep-last must be at least 1: the newest checkpoint is what --resume continues from.")
         if self.max_bad_steps < 1:
             raise ValueError("--max-bad-steps must be at least 1.")
-        if self.save_dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError("--save-dtype must be float32, float16 or bfloat16.")
+        # Same names and aliases (fp16, bf16, ...) as b2b.save_checkpoint; int8 is for shipping only.
+        self.save_dtype = dtype_name(self.save_dtype, ("float32", "float16", "bfloat16"))
 
     def check_resume(self, saved: dict) -> None:
         """Raise ValueError (one sentence) when these settings would make a resume of the run
