@@ -15,7 +15,10 @@ import numpy as np
 from . import fastmath
 from .cache import DecoderCache, StaticLayerCache
 from .decoding import DecodingConfig, DecodingError
+from .layers import lend
 from .model import Bert2Bert
+
+_TRANSPOSED = "_b2b_transposed"  # model attribute: (weights, their (in, out) copies) for decoding
 
 
 @dataclass
@@ -103,6 +106,7 @@ class _Stepper:
         self.cross = [layer.cross_kv for layer in cache.layers]
         self.cross_mask = cache.cross_mask if cache.cross_mask is not None else mx.ones((R, 1, 1, S), dtype=mx.bool_)
         self.position = 0
+        self.transposed = _transposed_weights(model)  # (in, out) copies of the step's matrices
 
     def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> mx.array:
         """Logits (or log-probabilities) (R, V) for the newest tokens (R, 1); `reorder` first
@@ -115,7 +119,7 @@ class _Stepper:
         step = _compiled_step(self.model, reorder is not None, self.log_probs)
         extra = [reorder] if reorder is not None else []
         out, self.keys, self.values = step(tokens, mx.array(self.position, mx.int32), self.keys, self.values,
-                                           self.cross, self.cross_mask, *extra)
+                                           self.cross, self.cross_mask, self.transposed, *extra)
         self.position += 1
         return out
 
@@ -152,17 +156,33 @@ def _compiled_step(model: Bert2Bert, reorder: bool, log_probs: bool):
     key = (reorder, log_probs, fastmath.enabled())
     if key not in steps:
 
-        def step(tokens, position, keys, values, cross, cross_mask, *rows):
+        def step(tokens, position, keys, values, cross, cross_mask, transposed, *rows):
             if rows:
                 keys, values = [k[rows[0]] for k in keys], [v[rows[0]] for v in values]
             layers = [StaticLayerCache(kv, k, v, position) for kv, k, v in zip(cross, keys, values)]
-            out = model.decode_step(tokens, DecoderCache(layers, cross_mask)).astype(mx.float32)  # (R, V)
+            with lend(model.decode_step_matrices(), transposed):
+                out = model.decode_step(tokens, DecoderCache(layers, cross_mask)).astype(mx.float32)  # (R, V)
             if log_probs:
                 out = fastmath.log_softmax(out)
             return out, [layer.keys for layer in layers], [layer.values for layer in layers]
 
         steps[key] = mx.compile(step, inputs=model.state)
     return steps[key]
+
+
+def _transposed_weights(model: Bert2Bert) -> list[mx.array]:
+    """Contiguous (in, out) copies of the decoding step's matrices' weights (see
+    `b2b.layers.lend`), made once per set of weight arrays: an optimizer update or a reload
+    replaces the arrays, and the copies are made afresh. `eval_mode` drops them after a
+    training loop's mid-run decoding, so they cost memory only while serving."""
+    matrices = model.decode_step_matrices()
+    weights = [m.weight for m in matrices]
+    held = model.__dict__.get(_TRANSPOSED)
+    if held is None or len(held[0]) != len(weights) or any(a is not b for a, b in zip(held[0], weights)):
+        held = (weights, [mx.contiguous(w.T) for w in weights])
+        mx.eval(held[1])
+        model.__dict__[_TRANSPOSED] = held
+    return held[1]
 
 
 def greedy_or_sample(
@@ -280,6 +300,7 @@ def eval_mode(model: Bert2Bert) -> Iterator[None]:
     finally:
         if was_training:
             model.train()
+            model.__dict__.pop(_TRANSPOSED, None)
 
 
 def check_fits(model: Bert2Bert, src_ids: mx.array, cfg: DecodingConfig) -> None:

@@ -11,7 +11,7 @@ import mlx.nn as nn
 from . import fastmath
 from .cache import DecoderCache, LayerCache
 from .config import B2BConfig
-from .layers import DecoderLayer, Embeddings, EncoderLayer
+from .layers import DecoderLayer, Embeddings, EncoderLayer, Linear, lent
 
 
 @dataclass
@@ -36,17 +36,18 @@ class LMHead(nn.Module):
 
     def __init__(self, cfg: B2BConfig):
         super().__init__()
-        self.transform = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.transform = Linear(cfg.hidden_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         if not cfg.tie_embeddings:
-            self.projection = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.projection = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.bias = mx.zeros((cfg.vocab_size,))
 
     def __call__(self, h: mx.array, word: nn.Embedding) -> mx.array:
         h = self.norm(fastmath.gelu(self.transform(h)))  # (..., C)
         if "projection" in self:
             return self.projection(h) + self.bias
-        return word.as_linear(h) + self.bias  # (..., V)
+        table_t = lent(word)  # (C, V) while a compiled decoding step is traced
+        return (h @ table_t if table_t is not None else word.as_linear(h)) + self.bias  # (..., V)
 
 
 class Encoder(nn.Module):
@@ -168,6 +169,18 @@ class Bert2Bert(nn.Module):
         """Next-token logits (B, V) for the newest tokens (B, 1), extending the cache."""
         h = self.decode(tokens, None, cache=cache)  # (B, 1, C)
         return self.lm_logits(h[:, -1])
+
+    def decode_step_matrices(self) -> list[nn.Module]:
+        """The Linear modules (and the tied word table) a decoding step multiplies by, in a
+        fixed order: what `b2b.layers.lend` may give contiguous (in, out) copies for."""
+        out: list[nn.Module] = []
+        for layer, shared in zip(self.decoder.layers, self._shared_layers()):
+            blocks = shared if shared is not None else layer
+            attn, cross = blocks.self_attn, layer.cross_attn
+            out += [attn.query, attn.key, attn.value, attn.out, cross.query, cross.out, blocks.ffn.up, blocks.ffn.down]
+        head = self._dec_lm_head()
+        out += [head.transform, head.projection if "projection" in head else self.encoder.embeddings.word]
+        return out
 
     def num_parameters(self) -> int:
         from mlx.utils import tree_flatten

@@ -148,3 +148,42 @@ def test_decoding_ignores_and_restores_training_mode(tiny_config):
         model.eval()
         generate(model, src, mask, cfg)
         assert not model.training
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_compiled_decoding_sees_new_weights(tiny_config, share, monkeypatch):
+    """The compiled step multiplies by (in, out) copies of the weights: after an update (as an
+    optimizer makes mid-run) the copies must be made afresh, or decoding would use stale weights."""
+    mx.random.seed(1)
+    model = Bert2Bert(tiny_config.replace(share_encoder_decoder=share))
+    model.eval()
+    src, mask = _src()
+    cfg = DecodingConfig(max_length=10, no_repeat_ngram_size=0)
+    before = [h.tokens for h in generate(model, src, mask, cfg)]
+    from mlx.utils import tree_map
+
+    mx.random.seed(2)
+    model.update(tree_map(lambda w: w + 0.5 * mx.random.normal(w.shape), model.parameters()))
+    after = [h.tokens for h in generate(model, src, mask, cfg)]
+    monkeypatch.setenv("B2B_COMPILE_DECODE", "0")
+    assert after == [h.tokens for h in generate(model, src, mask, cfg)]
+    assert after != before  # the update did change the summary, so the check above means something
+
+
+def test_lent_weights_give_the_same_products_and_are_dropped_after_training_mode_decoding(tiny_model):
+    from b2b.layers import lend
+
+    modules = tiny_model.decode_step_matrices()
+    x = mx.random.normal((3, tiny_model.config.hidden_size))
+    linear = modules[0]
+    plain = linear(x)
+    with lend([linear], [mx.contiguous(linear.weight.T)]):
+        assert np.allclose(np.array(linear(x)), np.array(plain), atol=1e-5)
+    assert np.array_equal(np.array(linear(x)), np.array(plain))  # nothing left lent
+    src, mask = _src()
+    tiny_model.train()
+    generate(tiny_model, src, mask, DecodingConfig(max_length=4))
+    assert "_b2b_transposed" not in tiny_model.__dict__  # a training run does not keep the copies
+    tiny_model.eval()
+    generate(tiny_model, src, mask, DecodingConfig(max_length=4))
+    assert "_b2b_transposed" in tiny_model.__dict__  # serving keeps them between calls
