@@ -18,7 +18,7 @@ from b2b import summarize  # (demo/__init__ imported b2b first: the fast BLAS is
 from .data import SAMPLE_SET, SAMPLE_SIZE
 from .store import BUNDLED, CheckpointStore, NoCheckpoint, Served, train_hint
 from .validate import (
-    DECODING_FIELDS, SUMMARIZE_DEFAULTS, BadInput, check_text, clip_text, decoding_kwargs, read_text_file,
+    DECODING_FIELDS, SUMMARIZE_DEFAULTS, BadInput, decoding_kwargs, read_text_file, readable_text,
 )
 
 PROMPT, MORE = "b2b> ", "...> "
@@ -52,8 +52,7 @@ def summarize_one(served: Served, text: str, decoding: dict, out=None, err=None)
     """Print the summary (stdout) and its statistics (stderr); return the summary."""
     out, err = out or sys.stdout, err or sys.stderr
     max_positions = served.model.config.max_positions
-    text = check_text(text, max_positions)
-    read = clip_text(text, max_positions)  # past this the model reads nothing: not worth tokenizing
+    text, read = readable_text(text, max_positions)  # past `read` the model reads nothing
     r = summarize(served.model, served.tokenizer, read, **decoding)
     print(r.text or "(empty summary)", file=out, flush=True)
     cut = f"text cut to its first {len(read):,} of {len(text):,} characters: " if len(read) < len(text) else ""

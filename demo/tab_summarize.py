@@ -13,7 +13,7 @@ from .controls import SUMMARIZE_DEFAULTS, DecodingControls, build_decoding_contr
 from .data import example_label, load_examples
 from .errors import ui_errors
 from .store import CheckpointStore, Served
-from .validate import BadInput, check_text, clip_text, decoding_kwargs, read_text_file
+from .validate import BadInput, clip_text, decoding_kwargs, read_text_file, readable_text
 
 STREAM_INTERVAL = 0.05  # seconds between UI updates while tokens arrive
 
@@ -42,11 +42,11 @@ def _prepare(store: CheckpointStore, text: object, decoding: tuple) -> tuple[Ser
     """Check the request and pick its model: (served, text cut to what the model can read,
     decoding kwargs). BadInput or NoCheckpoint with one sentence."""
     served = store.current()  # one model for the whole request, even if a reload swaps it
-    text = check_text(text, served.model.config.max_positions if served else None)
+    text, read = readable_text(text, served.model.config.max_positions if served else None)
     kw = decoding_kwargs(*decoding)
     if served is None:
         served = store.require()  # NoCheckpoint says how to get one
-    return served, clip_text(text, served.model.config.max_positions), kw
+    return served, clip_text(read, served.model.config.max_positions), kw
 
 
 def summarize_stream(store: CheckpointStore, text: str, *decoding) -> Iterator[tuple]:

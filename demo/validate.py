@@ -70,6 +70,13 @@ def clip_text(text: str, max_positions: int) -> str:
     return head[:space] if space > limit // 2 else head
 
 
+def readable_text(text: object, max_positions: int | None) -> tuple[str, str]:
+    """(the checked text, the part of it worth tokenizing): `check_text`, then `clip_text` when
+    the model's input size is known. Both the app and the CLI summarize what this returns."""
+    text = check_text(text, max_positions)
+    return text, clip_text(text, max_positions) if max_positions else text
+
+
 def _name(path: str) -> str:
     return os.path.basename(path)
 
