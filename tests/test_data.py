@@ -12,8 +12,6 @@ import pytest
 
 from train.data import (
     DataError,
-    bucketed_batches,
-    collate,
     encode_prefixes,
     folder_has_split,
     load_summarization_pairs,
@@ -21,9 +19,10 @@ from train.data import (
     make_nsp_pairs,
     pack_mlm_blocks,
     split_documents,
-    token_budget_batches,
     tokenize_pairs,
 )
+
+from train.batching import bucketed_batches, collate
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 RAW = os.path.join(FIXTURES, "cnndm_sample.jsonl")
@@ -333,18 +332,6 @@ def test_bucketing_reduces_padding():
     bucketed = bucketed_batches(lengths, 16, seed=0, epoch=0)
     shuffled = np.array_split(np.random.default_rng(0).permutation(2000), 125)
     assert padding(bucketed) < 0.25 * padding(shuffled)
-
-
-def test_token_budget_batches():
-    lengths = np.random.default_rng(3).integers(5, 300, size=500)
-    lengths[7] = 5000  # longer than the budget: alone in its batch
-    batches = token_budget_batches(lengths, max_tokens=2048, seed=1, epoch=0)
-    assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(500))
-    for x in batches:
-        padded = -(-int(lengths[x].max()) // 8) * 8
-        assert len(x) * padded <= 2048 or len(x) == 1
-    again = token_budget_batches(lengths, max_tokens=2048, seed=1, epoch=0)
-    assert all(np.array_equal(x, y) for x, y in zip(batches, again))
 
 
 def test_collate_pads_to_multiple():

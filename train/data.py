@@ -1,4 +1,4 @@
-"""Data loading and batching for pre-training (MLM, NSP) and summarization fine-tuning.
+"""Data loading for pre-training (MLM, NSP) and summarization fine-tuning (batching: train.batching).
 
 numpy only: arrays leave here as int32 numpy and become `mx.array` in the training loop, so
 this module is testable without MLX. Local files are the main path; a name that is not a path
@@ -500,81 +500,3 @@ def tokenize_pairs(
         len(result), result.num_truncated_sources, max_source_len, result.num_truncated_targets, max_target_len,
     )
     return result
-
-
-# --------------------------------------------------------------------------- batching
-
-
-def _length_sorted_chunks(lengths: np.ndarray, chunk: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
-    """Shuffled indices cut into chunks of `chunk`, each sorted by length: similar lengths share
-    a batch (little padding) while the data order stays random at the scale of chunks."""
-    order = rng.permutation(len(lengths))
-    for start in range(0, len(order), chunk):
-        part = order[start : start + chunk]
-        yield part[np.argsort(lengths[part], kind="stable")]
-
-
-def bucketed_batches(
-    lengths: np.ndarray,
-    batch_size: int,
-    seed: int,
-    epoch: int,
-    bucket_size_multiplier: int = 50,
-    drop_last: bool = False,
-) -> list[np.ndarray]:
-    """Batches of indices, deterministic for (seed, epoch) so a resumed run can skip to batch
-    k of epoch e and see the same data. Every index appears once (unless `drop_last` drops
-    the short batches)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}.")
-    lengths = np.asarray(lengths)
-    rng = np.random.default_rng([seed, epoch])
-    batches = [
-        sorted_chunk[i : i + batch_size]
-        for sorted_chunk in _length_sorted_chunks(lengths, batch_size * bucket_size_multiplier, rng)
-        for i in range(0, len(sorted_chunk), batch_size)
-    ]
-    if drop_last:
-        batches = [b for b in batches if len(b) == batch_size]
-    return [batches[k] for k in rng.permutation(len(batches))]
-
-
-def token_budget_batches(
-    lengths: np.ndarray,
-    max_tokens: int,
-    seed: int,
-    epoch: int,
-    bucket_size_multiplier: int = 50,
-    pad_to_multiple: int = 8,
-) -> list[np.ndarray]:
-    """Like `bucketed_batches`, but each batch holds as many sequences as fit in `max_tokens`
-    padded tokens (batch size x padded length), so short inputs get big batches. A sequence
-    longer than the budget gets a batch of its own."""
-    lengths = np.asarray(lengths)
-    rng = np.random.default_rng([seed, epoch])
-    # Chunk size from the mean length, so a chunk still spans ~multiplier batches.
-    typical = max(1, int(max_tokens // max(1.0, float(lengths.mean()) if len(lengths) else 1.0)))
-    batches: list[np.ndarray] = []
-    for part in _length_sorted_chunks(lengths, typical * bucket_size_multiplier, rng):
-        start = 0
-        for end in range(1, len(part) + 1):
-            padded = -(-int(lengths[part[end - 1]]) // pad_to_multiple) * pad_to_multiple
-            if end - start > 1 and (end - start) * padded > max_tokens:
-                batches.append(part[start : end - 1])
-                start = end - 1
-        if start < len(part):
-            batches.append(part[start:])
-    return [batches[k] for k in rng.permutation(len(batches))]
-
-
-def collate(seqs: Sequence[np.ndarray], pad_id: int, pad_to_multiple: int = 8) -> np.ndarray:
-    """(B, T) int32, right-padded with `pad_id`; T is rounded up to a multiple of
-    `pad_to_multiple` so the compiled step sees few distinct shapes."""
-    if not len(seqs):
-        raise ValueError("collate needs at least one sequence.")
-    longest = max(len(s) for s in seqs)
-    width = max(pad_to_multiple, -(-longest // pad_to_multiple) * pad_to_multiple)
-    out = np.full((len(seqs), width), pad_id, dtype=np.int32)
-    for row, s in zip(out, seqs):
-        row[: len(s)] = s
-    return out  # (B, T)

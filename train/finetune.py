@@ -15,7 +15,8 @@ import numpy as np
 
 from b2b import Bert2Bert, Tokenizer
 
-from .data import bucketed_batches, collate, folder_has_split, load_summarization_pairs, tokenize_pairs
+from .batching import bucketed_batches, collate
+from .data import folder_has_split, load_summarization_pairs, tokenize_pairs
 from .evaluate import evaluate_rouge
 from .command import run_command
 from .loop import Batch
