@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"Model: {served.headline()} ({served.path})\n{HELP}", file=sys.stderr)
+    measured = served.measured()
+    print(f"Model: {served.headline()} ({served.path})" + (f"\n{measured}" if measured else "") + f"\n{HELP}", file=sys.stderr)
     pending: list[str] = []
     while True:
         try:

@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 from b2b import Bert2Bert, Tokenizer, is_checkpoint, load_checkpoint
@@ -101,6 +102,36 @@ class Served:
         """The validation scores the trainer recorded for this checkpoint (may be empty)."""
         last = self.trainer_state.get("last_eval") or {}
         return {k: v for k, v in last.items() if k.startswith("val/") and isinstance(v, (int, float))}
+
+    @cached_property
+    def test_report(self) -> dict | None:
+        """The `train.evaluate` report kept beside the weights (`eval_*.json`) with the most
+        articles, beam search preferred: what the header quotes. None when there is none."""
+        best, rank = None, None
+        for name in sorted(os.listdir(self.path)) if os.path.isdir(self.path) else []:
+            if not (name.startswith("eval_") and name.endswith(".json")):
+                continue
+            try:
+                with open(os.path.join(self.path, name), encoding="utf-8") as f:
+                    report = json.load(f)
+                key = (int(report["n"]), int(report["settings"]["num_beams"]), float(report["model"]["rouge2"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a hand-edited or foreign file: the header simply does not quote it
+            if rank is None or key[:2] > rank:
+                best, rank = report, key[:2]
+        return best
+
+    def measured(self) -> str | None:
+        """One sentence quoting `test_report` (with Lead-3 when it has it), or None."""
+        report = self.test_report
+        if report is None:
+            return None
+        m, lead = report["model"], report.get("lead3") or {}
+        versus = f" (Lead-3: {lead['rouge2']:.1f} / {lead['rougeLsum']:.1f})" if "rouge2" in lead else ""
+        return (
+            f"Measured on {report['n']:,} test articles, beam {report['settings']['num_beams']}: "
+            f"ROUGE-2 {m['rouge2']:.1f} / ROUGE-Lsum {m['rougeLsum']:.1f}{versus}"
+        )
 
     def config_summary(self) -> dict:
         c = self.model.config

@@ -2,6 +2,8 @@
 API endpoints (`summarize`, `model_info`). Layout only; the work is in the tab modules."""
 from __future__ import annotations
 
+import os
+
 import gradio as gr
 
 from . import tab_attention, tab_rouge, tab_summarize, tab_training
@@ -39,6 +41,9 @@ def header_markdown(store: CheckpointStore) -> str:
             f"**Serving** {served.headline()}{rouge} · {served.num_parameters / 1e6:.1f} M parameters · "
             f"`{served.path}`"
         )
+        if measured := served.measured():
+            card = " · model card: `MODEL_CARD.md` in that folder" if os.path.isfile(os.path.join(served.path, "MODEL_CARD.md")) else ""
+            text += f"  \n{measured}{card}"
     if warning:
         text += f"\n\n⚠️ {warning}"
     return text

@@ -287,3 +287,23 @@ def test_the_app_builds_with_named_api_endpoints(store, run_dir):
     blocks = build_app(store, str(run_dir))
     names = {fn.api_name for fn in blocks.fns.values() if fn.api_visibility != "private"}
     assert {"summarize", "model_info"} <= names
+
+
+def test_header_quotes_the_test_rouge_a_checkpoint_carries(tmp_path):
+    """A checkpoint with train.evaluate reports beside it (as the shipped one has) says in the
+    header how good it measured, beam search and the largest sample preferred."""
+    folder = tmp_path / "ckpt"
+    save_checkpoint(Bert2Bert(B2BConfig.preset("tiny")), Tokenizer.default(), str(folder))
+    scores = lambda r2: {"rouge1": 20.0, "rouge2": r2, "rougeLsum": 18.25}  # noqa: E731
+    for name, n, beams, r2 in (("eval_test_beam1.json", 1000, 1, 2.85), ("eval_test_beam4.json", 1000, 4, 3.19),
+                               ("eval_small_beam4.json", 10, 4, 9.0)):
+        report = {"n": n, "model": scores(r2), "lead3": {"rouge1": 29.5, "rouge2": 11.26, "rougeLsum": 26.29},
+                  "settings": {"num_beams": beams}}
+        (folder / name).write_text(json.dumps(report))
+    (folder / "eval_broken.json").write_text("{not json")
+    (folder / "MODEL_CARD.md").write_text("# card")
+    s = CheckpointStore(str(tmp_path / "nothing"), fallback=str(folder), settle_seconds=0.0)
+    s.refresh()
+    text = header_markdown(s)
+    assert "1,000 test articles, beam 4: ROUGE-2 3.2 / ROUGE-Lsum 18.2 (Lead-3: 11.3 / 26.3)" in text
+    assert "MODEL_CARD.md" in text
