@@ -4,8 +4,7 @@ H heads, D head dim, C hidden size."""
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -16,39 +15,6 @@ from .config import B2BConfig
 
 # A boolean mask (True = may attend), the string "causal", or None.
 Mask = Optional[mx.array | str]
-
-_LENT = "_b2b_lent"  # instance attribute (not a parameter): a lent (in, out) copy of the weight
-
-
-def lent(module: nn.Module) -> mx.array | None:
-    """The contiguous (in, out) copy of `module.weight` lent by `lend`, if any."""
-    return module.__dict__.get(_LENT)
-
-
-@contextmanager
-def lend(modules: list[nn.Module], copies: list[mx.array]) -> Iterator[None]:
-    """For the duration, `Linear` modules (and a tied word table in `LMHead`) multiply by the
-    given (in, out) copies of their weights instead of by `weight.T`. A decoding step feeds one
-    row per input, and a row times a transposed (out, in) matrix runs ~1.3x (layers) to 2x (the
-    vocabulary projection) slower in CPU BLAS than times a contiguous (in, out) one. Used while
-    tracing a compiled step with the copies as its inputs; training never sees them."""
-    for module, copy in zip(modules, copies):
-        object.__setattr__(module, _LENT, copy)
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.__dict__.pop(_LENT, None)
-
-
-class Linear(nn.Linear):
-    """nn.Linear (same parameters and checkpoints) that uses a weight copy lent by `lend`."""
-
-    def __call__(self, x: mx.array) -> mx.array:
-        weight_t = lent(self)
-        if weight_t is None:
-            return super().__call__(x)
-        return x @ weight_t + self.bias if "bias" in self else x @ weight_t
 
 
 class Embeddings(nn.Module):
@@ -92,10 +58,10 @@ class Attention(nn.Module):
         C = cfg.hidden_size
         self.num_heads = cfg.num_heads
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        self.query = Linear(C, C)
-        self.key = Linear(C, C)
-        self.value = Linear(C, C)
-        self.out = Linear(C, C)
+        self.query = nn.Linear(C, C)
+        self.key = nn.Linear(C, C)
+        self.value = nn.Linear(C, C)
+        self.out = nn.Linear(C, C)
 
     def split_heads(self, x: mx.array) -> mx.array:
         B, T, C = x.shape
@@ -140,8 +106,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: B2BConfig):
         super().__init__()
-        self.up = Linear(cfg.hidden_size, cfg.ffn_size)
-        self.down = Linear(cfg.ffn_size, cfg.hidden_size)
+        self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size)
+        self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down(fastmath.gelu(self.up(x)))

@@ -11,7 +11,7 @@ import mlx.nn as nn
 from . import fastmath
 from .cache import DecoderCache, LayerCache
 from .config import B2BConfig
-from .layers import DecoderLayer, Embeddings, EncoderLayer, Linear, lent
+from .layers import DecoderLayer, Embeddings, EncoderLayer
 
 
 @dataclass
@@ -36,18 +36,25 @@ class LMHead(nn.Module):
 
     def __init__(self, cfg: B2BConfig):
         super().__init__()
-        self.transform = Linear(cfg.hidden_size, cfg.hidden_size)
+        self.transform = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         if not cfg.tie_embeddings:
-            self.projection = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.projection = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.bias = mx.zeros((cfg.vocab_size,))
 
-    def __call__(self, h: mx.array, word: nn.Embedding) -> mx.array:
+    def __call__(self, h: mx.array, word: nn.Embedding, table_t: mx.array | None = None) -> mx.array:
+        """Logits (..., V); `table_t`, a contiguous (C, V) copy of the output matrix, is what
+        decoding passes: one row times a transposed (V, C) matrix runs ~2x slower in CPU BLAS."""
         h = self.norm(fastmath.gelu(self.transform(h)))  # (..., C)
+        if table_t is not None:
+            return h @ table_t + self.bias
         if "projection" in self:
             return self.projection(h) + self.bias
-        table_t = lent(word)  # (C, V) while a compiled decoding step is traced
-        return (h @ table_t if table_t is not None else word.as_linear(h)) + self.bias  # (..., V)
+        return word.as_linear(h) + self.bias  # (..., V)
+
+    def output_matrix(self, word: nn.Embedding) -> mx.array:
+        """The (V, C) matrix the logits are products with: the word table when tied."""
+        return self.projection.weight if "projection" in self else word.weight
 
 
 class Encoder(nn.Module):
@@ -151,9 +158,14 @@ class Bert2Bert(nn.Module):
                 intermediates.cross.append(cross_w)
         return x
 
-    def lm_logits(self, h: mx.array) -> mx.array:
-        """Decoder states (..., C) -> vocabulary logits (..., V). Pass only the rows you need."""
-        return self._dec_lm_head()(h, self.encoder.embeddings.word)
+    def lm_logits(self, h: mx.array, table_t: mx.array | None = None) -> mx.array:
+        """Decoder states (..., C) -> vocabulary logits (..., V). Pass only the rows you need;
+        `table_t` is an optional (C, V) copy of `output_matrix()` (faster for few rows)."""
+        return self._dec_lm_head()(h, self.encoder.embeddings.word, table_t)
+
+    def output_matrix(self) -> mx.array:
+        """The decoder's (V, C) output matrix (the shared word table unless untied)."""
+        return self._dec_lm_head().output_matrix(self.encoder.embeddings.word)
 
     def __call__(self, src_ids: mx.array, src_mask: mx.array, tgt_ids: mx.array) -> mx.array:
         """Teacher-forced logits (B, T, V)."""
@@ -165,22 +177,10 @@ class Bert2Bert(nn.Module):
         layers = [LayerCache(layer.cross_attn.project_kv(memory)) for layer in self.decoder.layers]
         return DecoderCache(layers, padding_mask(src_mask))
 
-    def decode_step(self, tokens: mx.array, cache: DecoderCache) -> mx.array:
+    def decode_step(self, tokens: mx.array, cache: DecoderCache, table_t: mx.array | None = None) -> mx.array:
         """Next-token logits (B, V) for the newest tokens (B, 1), extending the cache."""
         h = self.decode(tokens, None, cache=cache)  # (B, 1, C)
-        return self.lm_logits(h[:, -1])
-
-    def decode_step_matrices(self) -> list[nn.Module]:
-        """The Linear modules (and the tied word table) a decoding step multiplies by, in a
-        fixed order: what `b2b.layers.lend` may give contiguous (in, out) copies for."""
-        out: list[nn.Module] = []
-        for layer, shared in zip(self.decoder.layers, self._shared_layers()):
-            blocks = shared if shared is not None else layer
-            attn, cross = blocks.self_attn, layer.cross_attn
-            out += [attn.query, attn.key, attn.value, attn.out, cross.query, cross.out, blocks.ffn.up, blocks.ffn.down]
-        head = self._dec_lm_head()
-        out += [head.transform, head.projection if "projection" in head else self.encoder.embeddings.word]
-        return out
+        return self.lm_logits(h[:, -1], table_t)
 
     def num_parameters(self) -> int:
         from mlx.utils import tree_flatten
