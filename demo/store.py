@@ -114,11 +114,12 @@ class Served:
             try:
                 with open(os.path.join(self.path, name), encoding="utf-8") as f:
                     report = json.load(f)
-                key = (int(report["n"]), int(report["settings"]["num_beams"]), float(report["model"]["rouge2"]))
+                float(report["model"]["rouge2"]), float(report["model"]["rougeLsum"])  # what `measured` quotes
+                key = (int(report["n"]), int(report["settings"]["num_beams"]))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # a hand-edited or foreign file: the header simply does not quote it
-            if rank is None or key[:2] > rank:
-                best, rank = report, key[:2]
+            if rank is None or key > rank:
+                best, rank = report, key
         return best
 
     def measured(self) -> str | None:
