@@ -13,7 +13,7 @@ from typing import Sequence
 
 from rouge_score import rouge_scorer  # its Porter stemmer ships with nltk: no data download
 
-from b2b.tokenizer import detokenize, split_sentences
+from b2b.text import detokenize, split_sentences
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeLsum")
 

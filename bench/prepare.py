@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 from b2b import B2BConfig, Bert2Bert, Tokenizer, load_hf_bert
 from b2b.convert import to_hf_encoder_decoder
 from train.batching import collate
-from train.data import pack_mlm_blocks
+from train.text_data import pack_mlm_blocks
 from train.masking import mask_tokens, max_predictions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""Tests for train/data.py: loading (files, layouts, errors), MLM/NSP packing, batching."""
+"""Tests for train/data.py and train/text_data.py: loading (files, layouts, errors), MLM/NSP packing, batching."""
 from __future__ import annotations
 
 import csv
@@ -10,17 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from train.data import (
-    DataError,
-    encode_prefixes,
-    folder_has_split,
-    load_summarization_pairs,
-    load_text_documents,
-    make_nsp_pairs,
-    pack_mlm_blocks,
-    split_documents,
-    tokenize_pairs,
-)
+from train.data import DataError, encode_prefixes, folder_has_split, load_summarization_pairs, tokenize_pairs
+from train.text_data import load_text_documents, make_nsp_pairs, pack_mlm_blocks, split_documents
 
 from train.batching import bucketed_batches, collate
 

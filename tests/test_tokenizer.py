@@ -11,13 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from b2b.tokenizer import (
-    BatchEncoding,
-    Tokenizer,
-    TokenizerError,
-    detokenize,
-    split_sentences,
-)
+from b2b.text import detokenize, split_sentences
+from b2b.tokenizer import BatchEncoding, Tokenizer, TokenizerError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -304,6 +299,6 @@ def test_non_str_input_raises(tok: Tokenizer) -> None:
 
 
 def test_a_backtick_opens_a_single_quote_that_the_next_apostrophe_closes():
-    from b2b.tokenizer import detokenize
+    from b2b.text import detokenize
 
     assert detokenize("` hello ' world") == "`Hello' world"

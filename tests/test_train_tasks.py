@@ -9,7 +9,7 @@ import mlx.core as mx
 
 from b2b import B2BConfig, Bert2Bert
 from train import evaluate as evaluate_module
-from train.data import load_text_documents, pack_mlm_blocks
+from train.text_data import load_text_documents, pack_mlm_blocks
 from train.finetune import FinetuneSettings, SummarizationTask
 from train.pretrain import MLMTask, PretrainSettings
 from train.writer import MetricWriter

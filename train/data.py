@@ -1,4 +1,5 @@
-"""Data loading for pre-training (MLM, NSP) and summarization fine-tuning (batching: train.batching).
+"""Data loading for summarization fine-tuning, and the file/split/hub helpers every loader shares
+(pre-training text: train.text_data; batching: train.batching).
 
 numpy only: arrays leave here as int32 numpy and become `mx.array` in the training loop, so
 this module is testable without MLX. Local files are the main path; a name that is not a path
@@ -28,9 +29,6 @@ SPLIT_ALIASES = {
     "validation": ("validation", "valid", "val", "dev"),
     "test": ("test",),
 }
-# ` = Title = ` opens a WikiText article; ` = = Section = = ` lines stay inside it.
-_WIKI_TITLE = re.compile(r"^ ?= [^=].* = ?$")
-_WIKI_HEADING = re.compile(r"^ ?(= )+.* (= ?)+$")
 
 
 class DataError(ValueError):
@@ -62,7 +60,7 @@ def canonical_split(split: str) -> str:
     return split
 
 
-def _looks_like_path(source: str) -> bool:
+def looks_like_path(source: str) -> bool:
     """Hub names are `name` or `owner/name`; anything else that does not exist is a typo'd path."""
     if source.endswith(TEXT_SUFFIXES + PAIR_SUFFIXES):
         return True
@@ -78,7 +76,7 @@ def _split_of(filename: str) -> str | None:
     return None
 
 
-def _files_for_split(folder: str, suffixes: Sequence[str], split: str) -> list[str]:
+def files_for_split(folder: str, suffixes: Sequence[str], split: str) -> list[str]:
     """Files under `folder` (recursively, sorted) with a known suffix; if their names mention
     splits, only those of `split`, so a WikiText folder does not mix train with test."""
     found = sorted(
@@ -109,10 +107,10 @@ def folder_has_split(source: str, split: str, pairs: bool) -> bool:
         except DataFileNotFound:
             return False
     want = canonical_split(split)
-    return any(_split_of(f) == want for f in _files_for_split(source, TEXT_SUFFIXES, split))
+    return any(_split_of(f) == want for f in files_for_split(source, TEXT_SUFFIXES, split))
 
 
-def _load_hub(source: str, config: str | None, split: str, limit: int | None):
+def load_hub(source: str, config: str | None, split: str, limit: int | None):
     """`datasets.load_dataset(source, config, split=split)`, its failure turned into DataError."""
     import datasets  # heavy; only online users pay for it
 
@@ -127,149 +125,6 @@ def _load_hub(source: str, config: str | None, split: str, limit: int | None):
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     return ds
-
-
-# --------------------------------------------------------------------------- plain text
-
-
-def split_documents(lines: Sequence[str]) -> list[str]:
-    """Lines -> documents. With WikiText ` = Title = ` lines, each title opens a document made
-    of the paragraphs (one per line) under it; headings and blank lines are dropped. Without
-    titles, blank lines separate documents."""
-    docs: list[str] = []
-    current: list[str] = []
-    wikitext = any(_WIKI_TITLE.match(line.rstrip("\n")) for line in lines)
-    for raw in lines:
-        line = raw.rstrip("\n")
-        text = line.strip()
-        if wikitext:
-            if _WIKI_TITLE.match(line):
-                if current:
-                    docs.append("\n".join(current))
-                current = []
-            elif text and not _WIKI_HEADING.match(line):
-                current.append(text)
-        elif text:
-            current.append(text)
-        elif current:
-            docs.append("\n".join(current))
-            current = []
-    if current:
-        docs.append("\n".join(current))
-    return docs
-
-
-def load_text_documents(
-    source: str, split: str = "train", config: str | None = None, limit: int | None = None
-) -> list[str]:
-    """Documents from a .txt/.tokens/.raw file, a folder of them (the files of `split` when
-    their names say), or a hub dataset with a `text` column (e.g. `wikitext`,
-    `wikitext-2-raw-v1`). At most `limit` documents."""
-    if os.path.isdir(source):
-        files = _files_for_split(source, TEXT_SUFFIXES, split)
-        if not files:
-            raise DataError(f"The folder {source} has no {'/'.join(TEXT_SUFFIXES)} files for split {split!r}.")
-    elif os.path.isfile(source):
-        files = [source]
-    elif _looks_like_path(source):
-        raise DataFileNotFound(f"The text file {source} does not exist.")
-    else:
-        ds = _load_hub(source, config, split, None)
-        if "text" not in ds.column_names:
-            raise DataError(f"The dataset {source!r} has no 'text' column; it has: {', '.join(ds.column_names)}.")
-        rows = list(ds["text"])
-        # WikiText on the hub is one line per row; other corpora are one document per row.
-        if any(_WIKI_TITLE.match(r.rstrip("\n")) for r in rows[:2000]):
-            docs = split_documents(rows)
-        else:
-            docs = [r.strip() for r in rows if r.strip()]
-        return _nonempty(docs[:limit], source)
-    docs = []
-    for path in files:
-        with open(path, encoding="utf-8") as f:
-            docs += split_documents(f.readlines())
-        if limit is not None and len(docs) >= limit:
-            break
-    log.info("Read %d documents from %d file(s) under %s.", len(docs[:limit]), len(files), source)
-    return _nonempty(docs[:limit], source)
-
-
-def _nonempty(docs: list[str], source: str) -> list[str]:
-    if not docs:
-        raise DataError(f"{source} contains no text documents.")
-    return docs
-
-
-# --------------------------------------------------------------------------- pre-training
-
-
-def _tokenize_docs(docs: list[str], tokenizer: TokenizerLike) -> list[np.ndarray]:
-    return [np.asarray(ids, dtype=np.int32) for ids in tokenizer.encode_plain(list(docs))]
-
-
-def pack_mlm_blocks(
-    docs: list[str], tokenizer: TokenizerLike, block_size: int, min_tokens: int = 8
-) -> np.ndarray:
-    """(N, block_size) int32 blocks `[CLS] tokens [SEP] [PAD]...`, each from ONE document (a
-    block never mixes two); only a document's last block is short, and dropped when under
-    `min_tokens` tokens (too little context to learn from)."""
-    if block_size < 4:
-        raise ValueError(f"block_size must be at least 4, got {block_size}.")
-    body = block_size - 2
-    pieces: list[np.ndarray] = []
-    for ids in _tokenize_docs(docs, tokenizer):
-        for start in range(0, len(ids), body):
-            piece = ids[start : start + body]
-            if len(piece) >= min(min_tokens, body):
-                pieces.append(piece)
-    if not pieces:
-        raise DataError(f"No document has at least {min_tokens} tokens, so there is nothing to pre-train on.")
-    blocks = np.full((len(pieces), block_size), tokenizer.pad_id, dtype=np.int32)
-    for row, piece in zip(blocks, pieces):
-        row[0] = tokenizer.cls_id
-        row[1 : len(piece) + 1] = piece
-        row[len(piece) + 1] = tokenizer.sep_id
-    return blocks  # (N, block_size)
-
-
-def make_nsp_pairs(
-    docs: list[str], tokenizer: TokenizerLike, block_size: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Next-sentence pairs `[CLS] A [SEP] B [SEP]`: A is a segment of a document, B the segment
-    that follows it with probability 1/2 (is_next=1), else a random segment of another document
-    (is_next=0). Returns ids (N, T), segment_ids (N, T) (0 for `[CLS] A [SEP]`, 1 for `B [SEP]`,
-    0 on padding) and is_next (N,), all int32."""
-    half = (block_size - 3) // 2  # room for [CLS] A [SEP] B [SEP]
-    if half < 1:
-        raise ValueError(f"block_size must be at least 5 for NSP pairs, got {block_size}.")
-    segments = [[ids[i : i + half] for i in range(0, len(ids), half)] for ids in _tokenize_docs(docs, tokenizer)]
-    usable = [d for d, segs in enumerate(segments) if segs]
-    if len(usable) < 2:
-        raise DataError("NSP pairs need at least two non-empty documents for the random-segment half.")
-    anchors = [(d, i) for d in usable for i in range(len(segments[d]) - 1)]
-    if not anchors:
-        raise DataError(f"No document is longer than {half} tokens, so no segment has a true next segment.")
-    n = len(anchors)
-    is_next = (rng.random(n) < 0.5).astype(np.int32)
-    other_doc = rng.integers(0, len(usable) - 1, size=n)
-    ids = np.full((n, block_size), tokenizer.pad_id, dtype=np.int32)
-    seg = np.zeros((n, block_size), dtype=np.int32)
-    position = {d: k for k, d in enumerate(usable)}
-    for row, ((d, i), nxt, pick) in enumerate(zip(anchors, is_next, other_doc)):
-        a = segments[d][i]
-        if nxt:
-            b = segments[d][i + 1]
-        else:
-            other = usable[pick + (pick >= position[d])]  # any usable document but this one
-            b = segments[other][rng.integers(len(segments[other]))]
-        la, lb = len(a), len(b)
-        ids[row, 0] = tokenizer.cls_id
-        ids[row, 1 : 1 + la] = a
-        ids[row, 1 + la] = tokenizer.sep_id
-        ids[row, 2 + la : 2 + la + lb] = b
-        ids[row, 2 + la + lb] = tokenizer.sep_id
-        seg[row, 2 + la : 3 + la + lb] = 1
-    return ids, seg, is_next
 
 
 # --------------------------------------------------------------------------- summarization
@@ -359,7 +214,7 @@ def _resolve_pair_file(source: str, split: str) -> str | None:
                 if os.path.isfile(path):
                     return path
         raise DataFileNotFound(f"The folder {source} has no {split} file (looked for {aliases[0]}.jsonl.gz and similar).")
-    if _looks_like_path(source):
+    if looks_like_path(source):
         raise DataFileNotFound(f"The data file {source} does not exist.")
     return None
 
@@ -378,7 +233,7 @@ def load_summarization_pairs(
     path = _resolve_pair_file(source, split)
     fields = (article_field, summary_field)
     if path is None:
-        ds = _load_hub(source, config, split, limit)
+        ds = load_hub(source, config, split, limit)
         for name in fields:
             if name not in ds.column_names:
                 raise _missing_field(f"The dataset {source!r}", name, ds.column_names)

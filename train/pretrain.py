@@ -15,12 +15,13 @@ import numpy as np
 
 from b2b import Bert2Bert, Tokenizer
 
-from .data import folder_has_split, load_text_documents, make_nsp_pairs, pack_mlm_blocks
+from .data import folder_has_split
 from .command import run_command
 from .loop import Batch
 from .losses import mlm_loss
 from .masking import mask_tokens, max_predictions
 from .settings import TrainSettings
+from .text_data import load_text_documents, make_nsp_pairs, pack_mlm_blocks
 from .writer import MetricWriter
 
 log = logging.getLogger(__name__)
