@@ -22,6 +22,7 @@ class DecodingConfig:
     num_beams: int = 1
     length_penalty: float = 1.0  # beam scores are divided by length ** length_penalty
     no_repeat_ngram_size: int = 3  # summaries that repeat a trigram read badly; 0 turns it off
+    repetition_penalty: float = 1.0  # transformers' (CTRL's): > 1 makes tokens already written less likely; 1: off
     early_stopping: bool = True  # beam: stop once num_beams hypotheses have finished
     do_sample: bool = False
     temperature: float = 1.0
@@ -39,6 +40,7 @@ class DecodingConfig:
             (self.num_beams >= 1, f"num_beams must be at least 1, got {self.num_beams}."),
             (self.no_repeat_ngram_size >= 0, f"no_repeat_ngram_size must not be negative, got {self.no_repeat_ngram_size}."),
             (math.isfinite(self.length_penalty), f"length_penalty must be a finite number, got {self.length_penalty}."),
+            (0 < self.repetition_penalty < math.inf, f"repetition_penalty must be a positive number, got {self.repetition_penalty}."),
             (self.temperature >= 0, f"temperature must be 0 or more, got {self.temperature}."),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}."),
             (self.top_k >= 0, f"top_k must not be negative, got {self.top_k}."),

@@ -47,8 +47,27 @@ def _banned_ngrams(history: list[int], n: int) -> list[int]:
     return banned
 
 
-def _apply_constraints(logits: mx.array, histories: list[list[int]], cfg: DecodingConfig, eos_id: int) -> mx.array:
-    """Ban [SEP] before min_length and tokens that repeat an n-gram, as -inf logits."""
+def _penalize_repeats(logits: mx.array, histories: list[list[int]], penalty: float, start_id: int) -> mx.array:
+    """transformers' repetition penalty: the score of each token a row already holds (its
+    start token included, as transformers counts it) is divided by `penalty` when positive
+    and multiplied by it when negative (beam search applies it to log-probabilities)."""
+    rows, cols = [], []
+    for r, hist in enumerate(histories):
+        seen = sorted(set(hist) | {start_id})
+        rows += [r] * len(seen)
+        cols += seen
+    r, c = mx.array(rows), mx.array(cols)
+    picked = logits[r, c]
+    return logits.at[r, c].add(mx.where(picked < 0, picked * penalty, picked / penalty) - picked)
+
+
+def _apply_constraints(
+    logits: mx.array, histories: list[list[int]], cfg: DecodingConfig, eos_id: int, start_id: int
+) -> mx.array:
+    """The repetition penalty, then bans as -inf logits: [SEP] before min_length and tokens
+    that repeat an n-gram."""
+    if cfg.repetition_penalty != 1.0:
+        logits = _penalize_repeats(logits, histories, cfg.repetition_penalty, start_id)
     rows, cols = [], []
     for r, hist in enumerate(histories):
         banned = _banned_ngrams(hist, cfg.no_repeat_ngram_size)
@@ -194,7 +213,7 @@ def greedy_or_sample(
     reasons: list[str | None] = [None] * B
     tokens = mx.full((B, 1), c.cls_id, dtype=mx.int32)
     for _ in range(cfg.max_length):
-        logits = _apply_constraints(decode(tokens), histories, cfg, c.sep_id)
+        logits = _apply_constraints(decode(tokens), histories, cfg, c.sep_id, c.cls_id)
         if cfg.strategy == "sample":
             key, sub = mx.random.split(key)
             nxt = _sample(logits, cfg, sub)
@@ -233,7 +252,7 @@ def beam_search(
     best: list[list[int]] = [[] for _ in range(B)]
     V = c.vocab_size
     for step in range(cfg.max_length):
-        logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id)  # (B*K, V)
+        logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id, c.cls_id)  # (B*K, V)
         total = (logprobs + mx.array(scores.reshape(-1, 1), dtype=mx.float32)).reshape(B, K * V)
         top = mx.argpartition(-total, 2 * K - 1, axis=-1)[:, : 2 * K]  # (B, 2K) candidates
         top_scores = np.array(mx.take_along_axis(total, top, axis=-1), dtype=np.float64)

@@ -28,7 +28,7 @@ _ABBREVIATIONS = frozenset(
 _KEEP_LOWER = frozenset({"i.e.", "e.g.", "a.m.", "p.m."})
 _UPPER_WORDS = {w: w.upper() for w in ("cnn", "fbi", "cia", "nasa", "bbc", "nfl", "nba")}
 _UPPER_RE = re.compile(r"(?<![@.])\b(" + "|".join(_UPPER_WORDS) + r")\b(?!\.\w)", re.I)
-_GLUE_LEFT = frozenset(". , ; : ! ? % ) ] } ... n't 's 're 've 'll 'd 'm ” ’".split())
+_GLUE_LEFT = frozenset(". , ; : ! ? % ) ] } ... n't n’t 's 're 've 'll 'd 'm ” ’".split())
 _GLUE_RIGHT = frozenset("( [ { $ # “ ‘ `".split())  # curly and PTB (`) quotes say which side they are
 _GLUE_BOTH = frozenset("- / @".split())
 # A straight quote just before one of these closes; one after an opening bracket opens.

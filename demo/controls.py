@@ -22,6 +22,7 @@ class DecodingControls:
     top_k: gr.Slider
     top_p: gr.Slider
     seed: gr.Number
+    repetition_penalty: gr.Slider
 
     @property
     def inputs(self) -> list:
@@ -54,6 +55,10 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
                 info="Above 1 favours longer summaries.", visible=d["strategy"] == "beam",
             )
             no_repeat = gr.Slider(0, 6, value=d["no_repeat_ngram_size"], step=1, label="No-repeat n-gram size", info="0: off")
+            repetition = gr.Slider(
+                1.0, 2.0, value=d["repetition_penalty"], step=0.05, label="Repetition penalty",
+                info="Above 1 makes words already written less likely; 1: off.",
+            )
         with gr.Row():
             # No minimum/maximum on these: gradio would refuse an out-of-range value with a vague
             # error; decoding_kwargs checks the range and says it in one sentence.
@@ -66,7 +71,7 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             top_p = gr.Slider(0.05, 1.0, value=d["top_p"], step=0.05, label="Top-p", info="1: off", visible=sampling)
             seed = gr.Number(value=d["seed"], precision=0, label="Seed", info="-1: random", visible=sampling)
     controls = DecodingControls(
-        strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed
+        strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed, repetition
     )
     strategy.change(
         _visibility, strategy, [num_beams, length_penalty, temperature, top_k, top_p, seed],

@@ -25,7 +25,7 @@ MAX_NEW_TOKENS = 512
 MAX_BEAMS = 16
 SUMMARIZE_DEFAULTS = dict(
     strategy="beam", num_beams=4, length_penalty=1.0, no_repeat_ngram_size=3, min_length=10,
-    max_length=128, temperature=1.0, top_k=50, top_p=0.95, seed=-1,
+    max_length=128, temperature=1.0, top_k=50, top_p=0.95, seed=-1, repetition_penalty=1.0,
 )
 # ROUGE over many articles on a CPU: greedy keeps it to seconds per batch.
 EVAL_DEFAULTS = dict(SUMMARIZE_DEFAULTS, strategy="greedy", num_beams=1)
@@ -197,6 +197,7 @@ def decoding_kwargs(
     top_k: object = 50,
     top_p: object = 0.95,
     seed: object = -1,
+    repetition_penalty: object = 1.0,
 ) -> dict:
     """The UI's decoding settings as `summarize()` keyword arguments, checked (BadInput)."""
     strategy = (strategy or "").strip().lower()
@@ -208,6 +209,8 @@ def decoding_kwargs(
         min_length=_number(min_length, "Min length", True, 0, MAX_NEW_TOKENS),
         max_length=_number(max_length, "Max length", True, 1, MAX_NEW_TOKENS),
         no_repeat_ngram_size=_number(no_repeat_ngram_size, "No-repeat n-gram size", True, 0, 10),
+        # Below 1 it would reward repeating; transformers allows it, a summary never wants it.
+        repetition_penalty=_number(repetition_penalty, "Repetition penalty", False, 1, 5),
     )
     if kw["min_length"] > kw["max_length"]:
         raise BadInput(f"Min length ({kw['min_length']}) must not exceed max length ({kw['max_length']}).")

@@ -135,7 +135,10 @@ def test_data_files(tmp_path):
 
 def test_decoding_kwargs_per_strategy():
     beam = decoding_kwargs("beam", 4, 1.2, 3, 5, 60, 1.0, 50, 0.9, -1)
-    assert beam == dict(min_length=5, max_length=60, no_repeat_ngram_size=3, num_beams=4, length_penalty=1.2)
+    assert beam == dict(
+        min_length=5, max_length=60, no_repeat_ngram_size=3, repetition_penalty=1.0, num_beams=4, length_penalty=1.2
+    )
+    assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.25)["repetition_penalty"] == 1.25
     greedy = decoding_kwargs("greedy", 4, 1.2, 0, 0, 20, 1.0, 50, 0.9, -1)
     assert "num_beams" not in greedy and "do_sample" not in greedy
     sample = decoding_kwargs("sampling", 4, 1.0, 3, 0, 20, 0.7, 40, 0.9, 7)
@@ -156,6 +159,7 @@ def test_decoding_kwargs_per_strategy():
         (("sampling", 1, 1.0, 3, 0, 20, -1.0), "Temperature must be between"),
         (("sampling", 1, 1.0, 3, 0, 20, 1.0, 50, 0.0), "Top-p must be above 0"),
         (("greedy", 1, 1.0, "x"), "must be a number"),
+        (("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 0.8), "Repetition penalty must be between 1"),
     ],
 )
 def test_invalid_decoding_settings_get_one_sentence(args, message):

@@ -67,6 +67,37 @@ def test_no_repeat_ngram_size_holds(tiny_model):
             assert len(grams) == len(set(grams))
 
 
+def test_repetition_penalty_is_transformers_rule():
+    from b2b.generate import _penalize_repeats
+
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(2, 50)).astype(np.float32) * 3
+    histories = [[5, 7, 5], []]
+    out = np.array(_penalize_repeats(mx.array(scores), histories, 1.3, start_id=1))
+    want = scores.copy()
+    for r, seen in enumerate([{1, 5, 7}, {1}]):
+        for t in seen:
+            want[r, t] = scores[r, t] * 1.3 if scores[r, t] < 0 else scores[r, t] / 1.3
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    torch = pytest.importorskip("torch", reason="torch is optional (pip install torch==2.13.0); CI installs it")
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    ids = torch.tensor([[1, 5, 7, 5], [1, 1, 1, 1]])  # the start token leads, as in transformers' decoder ids
+    hf = RepetitionPenaltyLogitsProcessor(1.3)(ids, torch.tensor(scores)).numpy()
+    np.testing.assert_allclose(out, hf, rtol=1e-6)
+
+
+def test_repetition_penalty_stops_repeated_tokens(tiny_model):
+    src, mask = _src()
+    bias = np.zeros(tiny_model.config.vocab_size, dtype=np.float32)
+    bias[[2000, 2001]] = 50.0  # as above: without a penalty decoding loops on these two
+    tiny_model.decoder.lm_head.bias = mx.array(bias)
+    for beams in (1, 3):
+        cfg = DecodingConfig(max_length=12, num_beams=beams, no_repeat_ngram_size=0, repetition_penalty=1000.0)
+        for h in generate(tiny_model, src, mask, cfg):
+            assert len(h.tokens) == len(set(h.tokens)), h.tokens
+
+
 def test_min_and_max_length(tiny_model):
     src, mask = _src()
     for beams in (1, 2):
@@ -94,7 +125,7 @@ def test_top_k_one_is_greedy(tiny_model):
 @pytest.mark.parametrize(
     "bad",
     [dict(num_beams=0), dict(max_length=5, min_length=10), dict(top_p=0.0), dict(top_p=1.5), dict(temperature=-1.0),
-     dict(max_length=0), dict(do_sample=True, num_beams=2)],
+     dict(max_length=0), dict(do_sample=True, num_beams=2), dict(repetition_penalty=0.0), dict(repetition_penalty=-1.0)],
 )
 def test_invalid_settings_raise_one_sentence(bad):
     with pytest.raises(DecodingError) as e:
