@@ -106,7 +106,8 @@ class Served:
     @cached_property
     def test_report(self) -> dict | None:
         """The `train.evaluate` report kept beside the weights (`eval_*.json`) with the most
-        articles, beam search preferred: what the header quotes. None when there is none."""
+        articles, beam search preferred, among plain-decoding ones (no repetition penalty) when
+        there are any: what the header quotes. None when there is none."""
         best, rank = None, None
         for name in sorted(os.listdir(self.path)) if os.path.isdir(self.path) else []:
             if not (name.startswith("eval_") and name.endswith(".json")):
@@ -115,7 +116,8 @@ class Served:
                 with open(os.path.join(self.path, name), encoding="utf-8") as f:
                     report = json.load(f)
                 float(report["model"]["rouge2"]), float(report["model"]["rougeLsum"])  # what `measured` quotes
-                key = (int(report["n"]), int(report["settings"]["num_beams"]))
+                plain = float(report["settings"].get("repetition_penalty", 1.0)) == 1.0
+                key = (plain, int(report["n"]), int(report["settings"]["num_beams"]))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # a hand-edited or foreign file: the header simply does not quote it
             if rank is None or key > rank:

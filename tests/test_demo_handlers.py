@@ -291,14 +291,16 @@ def test_the_app_builds_with_named_api_endpoints(store, run_dir):
 
 def test_header_quotes_the_test_rouge_a_checkpoint_carries(tmp_path):
     """A checkpoint with train.evaluate reports beside it (as the shipped one has) says in the
-    header how good it measured, beam search and the largest sample preferred."""
+    header how good it measured: plain decoding, beam search and the largest sample preferred."""
     folder = tmp_path / "ckpt"
     save_checkpoint(Bert2Bert(B2BConfig.preset("tiny")), Tokenizer.default(), str(folder))
     scores = lambda r2: {"rouge1": 20.0, "rouge2": r2, "rougeLsum": 18.25}  # noqa: E731
-    for name, n, beams, r2 in (("eval_test_beam1.json", 1000, 1, 2.85), ("eval_test_beam4.json", 1000, 4, 3.19),
-                               ("eval_small_beam4.json", 10, 4, 9.0)):
+    for name, n, beams, r2, penalty in (
+        ("eval_test_beam1.json", 1000, 1, 2.85, 1.0), ("eval_test_beam4.json", 1000, 4, 3.19, 1.0),
+        ("eval_small_beam4.json", 10, 4, 9.0, 1.0), ("eval_test_beam8_rep.json", 1000, 8, 7.0, 1.3),
+    ):
         report = {"n": n, "model": scores(r2), "lead3": {"rouge1": 29.5, "rouge2": 11.26, "rougeLsum": 26.29},
-                  "settings": {"num_beams": beams}}
+                  "settings": {"num_beams": beams, "repetition_penalty": penalty}}
         (folder / name).write_text(json.dumps(report))
     (folder / "eval_broken.json").write_text("{not json")
     (folder / "MODEL_CARD.md").write_text("# card")
