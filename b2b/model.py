@@ -174,7 +174,9 @@ class Bert2Bert(nn.Module):
     # -- generation ------------------------------------------------------------------------
     def make_cache(self, memory: mx.array, src_mask: mx.array | None = None) -> DecoderCache:
         """Project cross-attention K/V once per input; self-attention K/V start empty."""
-        layers = [LayerCache(layer.cross_attn.project_kv(memory)) for layer in self.decoder.layers]
+        # Contiguous once here: the (B, H, S, D) views of project_kv would be copied at every step.
+        layers = [LayerCache(tuple(mx.contiguous(a) for a in layer.cross_attn.project_kv(memory)))
+                  for layer in self.decoder.layers]
         return DecoderCache(layers, padding_mask(src_mask))
 
     def decode_step(self, tokens: mx.array, cache: DecoderCache, table_t: mx.array | None = None) -> mx.array:

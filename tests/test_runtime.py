@@ -1,7 +1,11 @@
 """The package's import-time promises: fast BLAS on Linux, no UI/logging libraries pulled in."""
+import os
 import platform
 import subprocess
 import sys
+
+import numpy as np
+import pytest
 
 import b2b
 
@@ -25,3 +29,54 @@ def test_import_b2b_pulls_in_no_gradio_or_tensorboardx():
     code = "import sys, b2b; bad = [m for m in ('gradio', 'tensorboardX', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _openblas_with_compiler() -> bool:
+    import shutil
+
+    info = b2b.runtime_info()
+    return info["blas"] == "openblas" and bool(shutil.which("cc") or shutil.which("gcc"))
+
+
+def test_gemv_shim_is_in_front_of_openblas():
+    if platform.system() != "Linux" or not _openblas_with_compiler():
+        pytest.skip("the gemv shim is built only for OpenBLAS on Linux with a C compiler")
+    if os.environ.get("B2B_GEMV_SHIM") == "0":
+        pytest.skip("B2B_GEMV_SHIM=0 in this environment")
+    assert b2b.runtime_info()["gemv_shim"] is True
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_small_row_matmuls_are_exact_in_every_layout(rows):
+    # With the shim, products of at most 4 rows go to sgemv (row by row); every transpose
+    # combination MLX can hand BLAS must still give the product.
+    import mlx.core as mx
+
+    rng = np.random.default_rng(rows)
+    for k, n in ((384, 1536), (1536, 384), (32, 200)):
+        a = rng.standard_normal((rows, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        want = a.astype(np.float64) @ w.T.astype(np.float64)
+        A, W = mx.array(a), mx.array(w)
+        At = mx.contiguous(A.T).T  # the same values, handed over transposed
+        for name, got in (
+            ("x @ W.T", A @ W.T),
+            ("x @ contiguous(W.T)", A @ mx.contiguous(W.T)),
+            ("transposed x", At @ W.T),
+            ("addmm", mx.addmm(mx.full((n,), 2.0), A, W.T, alpha=0.5, beta=3.0)),
+        ):
+            expect = want if name != "addmm" else 0.5 * want + 6.0
+            np.testing.assert_allclose(np.array(got), expect, rtol=1e-4, atol=1e-3, err_msg=name)
+    # Batched (per-head) products of one query row, as a decoding step's attention makes them.
+    q = rng.standard_normal((2, 3, rows, 8)).astype(np.float32)
+    kk = rng.standard_normal((2, 3, 40, 8)).astype(np.float32)
+    got = np.array(mx.array(q) @ mx.array(kk).swapaxes(-1, -2))
+    np.testing.assert_allclose(got, q @ kk.swapaxes(-1, -2), rtol=1e-4, atol=1e-4)
+
+
+def test_gemv_shim_can_be_turned_off():
+    code = "import b2b, json; print(json.dumps(b2b.runtime_info()['gemv_shim']))"
+    env = {**os.environ, "B2B_GEMV_SHIM": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "false"
