@@ -3,6 +3,8 @@
 The Linux `mlx[cpu]` wheel links a reference BLAS (~5 GFLOP/s on a 4096x256x30522 matmul).
 Loading an optimized BLAS that exports `cblas_sgemm` with RTLD_GLOBAL *before* MLX is
 imported makes the dynamic linker resolve MLX's BLAS calls to it (~200 GFLOP/s measured).
+With OpenBLAS, a small `cblas_sgemm` shim (gemv_shim.c, compiled once with the system C
+compiler) goes in front of it so that one-row products (decoding steps) skip sgemm's packing.
 This module is imported first by `b2b/__init__.py`, so `import b2b` is enough.
 """
 from __future__ import annotations
