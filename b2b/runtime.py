@@ -88,7 +88,8 @@ def _build_gemv_shim() -> str | None:
     with open(_SHIM_SOURCE, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:12]
     name = f"gemv_shim-{digest}-{platform.machine()}.so"
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = os.path.expanduser("~")  # stays "~" when there is no home directory
+    cache = os.environ.get("XDG_CACHE_HOME") or (os.path.join(home, ".cache") if home != "~" else tempfile.gettempdir())
     for folder in (os.path.join(cache, "b2b"), os.path.join(tempfile.gettempdir(), "b2b")):
         out = os.path.join(folder, name)
         if os.path.exists(out):
