@@ -12,20 +12,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
-import hashlib
 import logging
 import os
 import platform
-import shutil
-import subprocess
 import sys
-import tempfile
+
+from . import gemv_shim
 
 log = logging.getLogger(__name__)
 
 _BLAS: dict = {"name": "unknown", "path": None, "gemv_shim": False}
-_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemv_shim.c")
-_SHIM_MAX_ROWS = 4  # a greedy step has 1 row, beam 4 has 4 (beam-4 steps measured faster up to 4)
 
 
 def _linux_candidates() -> list[tuple[str, str]]:
@@ -69,8 +65,8 @@ def _load_fast_blas() -> None:
             lib.cblas_sgemm  # noqa: B018 - raises AttributeError when the symbol is absent
         except (OSError, AttributeError):
             continue
-        if name == "openblas":
-            _BLAS["gemv_shim"] = _install_gemv_shim(lib)
+        if hasattr(lib, "openblas_get_config"):  # OpenBLAS, also when named by B2B_BLAS
+            _BLAS["gemv_shim"] = gemv_shim.install(lib)
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # promoted to the global scope, after the shim
         _BLAS.update(name=name, path=os.path.realpath(path))
         return
@@ -80,56 +76,6 @@ def _load_fast_blas() -> None:
         "Install one with `sudo apt-get install libopenblas0-pthread` (Debian/Ubuntu) "
         "or `pip install mkl`, then restart."
     )
-
-
-def _build_gemv_shim() -> str | None:
-    """Compile gemv_shim.c once per source version (MLX's CPU backend already needs a C++
-    compiler at run time for mx.compile) into ~/.cache/b2b; None when that is not possible."""
-    with open(_SHIM_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    name = f"gemv_shim-{digest}-{platform.machine()}.so"
-    home = os.path.expanduser("~")  # stays "~" when there is no home directory
-    cache = os.environ.get("XDG_CACHE_HOME") or (os.path.join(home, ".cache") if home != "~" else tempfile.gettempdir())
-    for folder in (os.path.join(cache, "b2b"), os.path.join(tempfile.gettempdir(), "b2b")):
-        out = os.path.join(folder, name)
-        if os.path.exists(out):
-            return out
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if not compiler:
-            return None
-        try:
-            os.makedirs(folder, exist_ok=True)
-            tmp = f"{out}.{os.getpid()}.tmp"  # renamed into place: concurrent builds cannot clash
-            subprocess.run([compiler, "-O2", "-shared", "-fPIC", _SHIM_SOURCE, "-o", tmp],
-                           check=True, capture_output=True, timeout=120)
-            os.replace(tmp, out)
-            for old in glob.glob(os.path.join(folder, "gemv_shim-*.so")):  # earlier versions' builds
-                if old != out:
-                    os.remove(old)
-            return out
-        except (OSError, subprocess.SubprocessError) as e:
-            log.debug("Could not build the gemv shim in %s: %s", folder, e)
-    return None
-
-
-def _install_gemv_shim(blas: ctypes.CDLL) -> bool:
-    """Put gemv_shim's cblas_sgemm in front of `blas` (still loaded locally): products of at
-    most 4 rows (a greedy or beam-4 decoding step) then skip OpenBLAS's packing of the weight
-    matrix (greedy steps measured ~1.6x faster). B2B_GEMV_SHIM=0 turns it off."""
-    if os.environ.get("B2B_GEMV_SHIM", "1") == "0":
-        return False
-    try:
-        sgemm, sgemv = (ctypes.cast(getattr(blas, f), ctypes.c_void_p).value for f in ("cblas_sgemm", "cblas_sgemv"))
-        path = _build_gemv_shim()
-        if path is None:
-            return False
-        shim = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-        shim.b2b_gemv_shim_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        shim.b2b_gemv_shim_init(sgemm, sgemv, _SHIM_MAX_ROWS)  # before anything can call it
-        return True
-    except (OSError, AttributeError) as e:
-        log.debug("gemv shim not used: %s", e)
-        return False
 
 
 _load_fast_blas()

@@ -35,7 +35,7 @@ def _openblas_with_compiler() -> bool:
     import shutil
 
     info = b2b.runtime_info()
-    return info["blas"] == "openblas" and bool(shutil.which("cc") or shutil.which("gcc"))
+    return info["blas"] == "openblas" and bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
 
 
 def test_gemv_shim_is_in_front_of_openblas():
@@ -80,3 +80,54 @@ def test_gemv_shim_can_be_turned_off():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "false"
+
+
+def _run_in_fresh_process(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+
+
+_MATMUL_AND_FLAG = (
+    "import b2b, mlx.core as mx, numpy as np; a = np.arange(6, dtype=np.float32).reshape(1, 6); "
+    "w = np.ones((5, 6), np.float32); assert np.allclose(np.array(mx.array(a) @ mx.array(w).T), a @ w.T); "
+    "print(b2b.runtime_info()['gemv_shim'])"
+)
+
+
+def test_gemv_shim_is_built_into_a_private_cache_folder(tmp_path):
+    if platform.system() != "Linux" or not _openblas_with_compiler():
+        pytest.skip("the gemv shim is built only for OpenBLAS on Linux with a C compiler")
+    proc = _run_in_fresh_process(_MATMUL_AND_FLAG, XDG_CACHE_HOME=str(tmp_path), B2B_GEMV_SHIM="1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
+    folder = tmp_path / "b2b"
+    assert [p.suffix for p in folder.iterdir()] == [".so"]  # no temporary files left behind
+    assert folder.stat().st_mode & 0o077 == 0
+
+
+def test_a_broken_cached_shim_falls_back_to_plain_blas(tmp_path):
+    # A file under the shim's name that is not the shim must not crash `import b2b` (nor abort
+    # at the first matmul): b2b runs on the BLAS alone and says so.
+    if platform.system() != "Linux" or not _openblas_with_compiler():
+        pytest.skip("the gemv shim is built only for OpenBLAS on Linux with a C compiler")
+    import hashlib
+
+    from b2b import gemv_shim
+
+    digest = hashlib.sha256(open(gemv_shim.SOURCE, "rb").read()).hexdigest()[:12]
+    folder = tmp_path / "b2b"
+    folder.mkdir(mode=0o700)
+    (folder / f"gemv_shim-{digest}-{platform.machine()}.so").write_bytes(b"not a library")
+    proc = _run_in_fresh_process(_MATMUL_AND_FLAG, XDG_CACHE_HOME=str(tmp_path), B2B_GEMV_SHIM="1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_a_folder_others_can_write_is_not_used(tmp_path):
+    from b2b import gemv_shim
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert not gemv_shim._private_folder(str(shared))
+    private = tmp_path / "private"
+    assert gemv_shim._private_folder(str(private))
