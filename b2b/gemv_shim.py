@@ -42,11 +42,21 @@ def _folders() -> list[str]:
     return [os.path.join(cache, "b2b"), private_tmp] if cache else [private_tmp]
 
 
-def build() -> str | None:
-    """Path of the compiled shim (built now if this source version has no build yet), or None."""
+def enabled() -> bool:
+    """False when the environment sets B2B_GEMV_SHIM to 0 / false / no / off."""
+    return os.environ.get("B2B_GEMV_SHIM", "1").lower() not in _OFF
+
+
+def library_name() -> str:
+    """The build's file name: one per source version and machine type."""
     with open(SOURCE, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    name = f"gemv_shim-{digest}-{platform.machine()}.so"
+    return f"gemv_shim-{digest}-{platform.machine()}.so"
+
+
+def build() -> str | None:
+    """Path of the compiled shim (built now if this source version has no build yet), or None."""
+    name = library_name()
     for folder in _folders():
         if not _private_folder(folder):
             continue
@@ -75,7 +85,7 @@ def install(blas: ctypes.CDLL) -> bool:
     """Put the shim's cblas_sgemm in front of `blas` (an OpenBLAS still loaded locally; the
     caller makes it global afterwards). True only when the global cblas_sgemm is now the
     shim's. B2B_GEMV_SHIM=0 turns it off."""
-    if os.environ.get("B2B_GEMV_SHIM", "1").lower() in _OFF:
+    if not enabled():
         return False
     try:
         real = [ctypes.cast(getattr(blas, f), ctypes.c_void_p).value for f in ("cblas_sgemm", "cblas_sgemv")]

@@ -31,18 +31,27 @@ def test_import_b2b_pulls_in_no_gradio_or_tensorboardx():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _openblas_with_compiler() -> bool:
+def _shim_expected() -> bool:
+    """Linux, OpenBLAS and a C compiler: where b2b builds the gemv shim."""
     import shutil
 
-    info = b2b.runtime_info()
-    return info["blas"] == "openblas" and bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    return platform.system() == "Linux" and b2b.runtime_info()["blas"] == "openblas" and bool(compiler)
 
 
+needs_shim = pytest.mark.skipif(not _shim_expected(), reason="the gemv shim is built only for OpenBLAS on Linux with a C compiler")
+
+
+def _run_in_fresh_process(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+
+
+@needs_shim
 def test_gemv_shim_is_in_front_of_openblas():
-    if platform.system() != "Linux" or not _openblas_with_compiler():
-        pytest.skip("the gemv shim is built only for OpenBLAS on Linux with a C compiler")
-    if os.environ.get("B2B_GEMV_SHIM") == "0":
-        pytest.skip("B2B_GEMV_SHIM=0 in this environment")
+    from b2b import gemv_shim
+
+    if not gemv_shim.enabled():
+        pytest.skip("B2B_GEMV_SHIM turns it off in this environment")
     assert b2b.runtime_info()["gemv_shim"] is True
 
 
@@ -75,15 +84,9 @@ def test_small_row_matmuls_are_exact_in_every_layout(rows):
 
 
 def test_gemv_shim_can_be_turned_off():
-    code = "import b2b, json; print(json.dumps(b2b.runtime_info()['gemv_shim']))"
-    env = {**os.environ, "B2B_GEMV_SHIM": "0"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    proc = _run_in_fresh_process("import b2b, json; print(json.dumps(b2b.runtime_info()['gemv_shim']))", B2B_GEMV_SHIM="0")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "false"
-
-
-def _run_in_fresh_process(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
 
 
 _MATMUL_AND_FLAG = (
@@ -93,9 +96,8 @@ _MATMUL_AND_FLAG = (
 )
 
 
+@needs_shim
 def test_gemv_shim_is_built_into_a_private_cache_folder(tmp_path):
-    if platform.system() != "Linux" or not _openblas_with_compiler():
-        pytest.skip("the gemv shim is built only for OpenBLAS on Linux with a C compiler")
     proc = _run_in_fresh_process(_MATMUL_AND_FLAG, XDG_CACHE_HOME=str(tmp_path), B2B_GEMV_SHIM="1")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
@@ -104,19 +106,15 @@ def test_gemv_shim_is_built_into_a_private_cache_folder(tmp_path):
     assert folder.stat().st_mode & 0o077 == 0
 
 
+@needs_shim
 def test_a_broken_cached_shim_falls_back_to_plain_blas(tmp_path):
     # A file under the shim's name that is not the shim must not crash `import b2b` (nor abort
     # at the first matmul): b2b runs on the BLAS alone and says so.
-    if platform.system() != "Linux" or not _openblas_with_compiler():
-        pytest.skip("the gemv shim is built only for OpenBLAS on Linux with a C compiler")
-    import hashlib
-
     from b2b import gemv_shim
 
-    digest = hashlib.sha256(open(gemv_shim.SOURCE, "rb").read()).hexdigest()[:12]
     folder = tmp_path / "b2b"
     folder.mkdir(mode=0o700)
-    (folder / f"gemv_shim-{digest}-{platform.machine()}.so").write_bytes(b"not a library")
+    (folder / gemv_shim.library_name()).write_bytes(b"not a library")
     proc = _run_in_fresh_process(_MATMUL_AND_FLAG, XDG_CACHE_HOME=str(tmp_path), B2B_GEMV_SHIM="1")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
