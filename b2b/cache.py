@@ -41,30 +41,42 @@ class LayerCache:
             self.cross_kv = (self.cross_kv[0][rows], self.cross_kv[1][rows])
 
 
+class StepPosition:
+    """Where a compiled decoding step writes, shared by every layer's StaticLayerCache: the
+    write offset and the keys one new token may see are built once per step, not once per
+    layer (each is a kernel, and a step's time is mostly MLX's fixed cost per kernel)."""
+
+    def __init__(self, position: mx.array, capacity: int):
+        self.position = position  # () int32: where the next token's keys go
+        self.start = position.reshape(1)  # (1,): the slice_update offset
+        self.visible = mx.arange(capacity)[None, :] <= position  # (1, capacity) bool
+
+
 class StaticLayerCache:
     """A layer cache with fixed shapes, for a compiled decoding step: self-attention K/V live in
-    preallocated (B, H, capacity, D) buffers, written at `position` (an int32 array, so one
+    preallocated (B, H, capacity, D) buffers, written at `at.position` (an int32 array, so one
     compiled step serves every position), and queries see the keys up to their own position."""
 
-    def __init__(self, cross_kv: tuple[mx.array, mx.array], keys: mx.array, values: mx.array, position: mx.array):
+    def __init__(self, cross_kv: tuple[mx.array, mx.array], keys: mx.array, values: mx.array, at: StepPosition):
         self.cross_kv = cross_kv  # (B, H, S, D) each
         self.keys, self.values = keys, values  # (B, H, capacity, D)
-        self.position = position  # () int32: where the next token's keys go
+        self.at = at
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-        start = mx.stack([self.position])  # (1,)
-        self.keys = mx.slice_update(self.keys, k, start, axes=(2,))
-        self.values = mx.slice_update(self.values, v, start, axes=(2,))
+        self.keys = mx.slice_update(self.keys, k, self.at.start, axes=(2,))
+        self.values = mx.slice_update(self.values, v, self.at.start, axes=(2,))
         return self.keys, self.values
 
     @property
     def offset(self) -> mx.array:
-        return self.position
+        return self.at.position
 
     def self_mask(self, num_queries: int) -> mx.array:
         """(Tq, capacity) bool: query i (at position + i) sees keys 0 .. position + i; the
         unwritten rest of the buffer is masked out."""
-        at = self.position + mx.arange(num_queries)  # (Tq,)
+        if num_queries == 1:
+            return self.at.visible
+        at = self.at.position + mx.arange(num_queries)  # (Tq,)
         return mx.arange(self.keys.shape[2])[None, :] <= at[:, None]
 
 

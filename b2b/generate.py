@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import fastmath
-from .cache import DecoderCache, StaticLayerCache
+from .cache import DecoderCache, StaticLayerCache, StepPosition
 from .decoding import DecodingConfig, DecodingError
 from .model import Bert2Bert
 
@@ -177,7 +177,8 @@ def _compiled_step(model: Bert2Bert, reorder: bool, log_probs: bool):
         def step(tokens, position, keys, values, cross, cross_mask, table_t, *rows):
             if rows:
                 keys, values = [k[rows[0]] for k in keys], [v[rows[0]] for v in values]
-            layers = [StaticLayerCache(kv, k, v, position) for kv, k, v in zip(cross, keys, values)]
+            at = StepPosition(position, keys[0].shape[2])
+            layers = [StaticLayerCache(kv, k, v, at) for kv, k, v in zip(cross, keys, values)]
             out = model.decode_step(tokens, DecoderCache(layers, cross_mask), table_t).astype(mx.float32)  # (R, V)
             if log_probs:
                 out = fastmath.log_softmax(out)

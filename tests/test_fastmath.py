@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from b2b import DecodingConfig, fastmath, generate
-from b2b.cache import DecoderCache, StaticLayerCache
+from b2b.cache import DecoderCache, StaticLayerCache, StepPosition
 
 
 def _np(a):
@@ -38,12 +38,15 @@ def test_erf_and_gelu_accuracy_and_gradient():
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "causal"])
-@pytest.mark.parametrize("chunked", [False, True])
-def test_attention_matches_sdpa_with_gradients(mask_kind, chunked, monkeypatch):
+@pytest.mark.parametrize("chunked,queries", [(False, 6), (True, 6), (False, 1)])
+def test_attention_matches_sdpa_with_gradients(mask_kind, chunked, queries, monkeypatch):
     if chunked:  # one batch row per chunk: 4 heads x 6 x 6 scores
         monkeypatch.setattr(fastmath, "_CHUNK_ELEMENTS", 4 * 6 * 6)
     mx.random.seed(4)
-    q, k, v, cot = (mx.random.normal((3, 4, 6, 8)) for _ in range(4))
+    # queries=1 is a decoding step (its own six-kernel path); keys and values stay at 6.
+    q = mx.random.normal((3, 4, queries, 8))
+    k, v = (mx.random.normal((3, 4, 6, 8)) for _ in range(2))
+    cot = mx.random.normal((3, 4, queries, 8))
     mask = {"none": None, "causal": "causal",
             "padding": mx.array([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4]).astype(mx.bool_)[:, None, None, :]}[mask_kind]
     ours = lambda q, k, v: fastmath.attention(q, k, v, 0.3, mask)
@@ -95,7 +98,8 @@ def test_static_cache_step_matches_growing_cache(tiny_model):
     values = [mx.zeros(shape) for _ in grow.layers]
     for t in range(tgt.shape[1]):
         expected = tiny_model.decode_step(tgt[:, t : t + 1], grow)
-        layers = [StaticLayerCache(g.cross_kv, k, v, mx.array(t, mx.int32)) for g, k, v in zip(grow.layers, keys, values)]
+        at = StepPosition(mx.array(t, mx.int32), shape[2])
+        layers = [StaticLayerCache(g.cross_kv, k, v, at) for g, k, v in zip(grow.layers, keys, values)]
         got = tiny_model.decode_step(tgt[:, t : t + 1], DecoderCache(layers, grow.cross_mask))
         keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
         assert np.allclose(np.array(got), np.array(expected), atol=1e-4)
