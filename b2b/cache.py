@@ -1,7 +1,8 @@
 """Per-layer decoder caches for generation.
 
 Self-attention keys/values grow by one position per step; cross-attention keys/values are
-projected from the encoder output once per input and reused for every generated token."""
+projected from the encoder output once per input and reused for every generated token (and by
+every beam of that input: a beam step has R = B * beams rows against B inputs' K/V)."""
 from __future__ import annotations
 
 import mlx.core as mx
@@ -11,9 +12,9 @@ class LayerCache:
     """One decoder layer's cache: growing self-attention K/V and fixed cross-attention K/V."""
 
     def __init__(self, cross_kv: tuple[mx.array, mx.array]):
-        self.keys: mx.array | None = None  # (B, H, T, D)
+        self.keys: mx.array | None = None  # (R, H, T, D)
         self.values: mx.array | None = None
-        self.cross_kv = cross_kv  # (B, H, S, D) each
+        self.cross_kv = cross_kv  # (B, H, S, D) each, one per input
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         """Append this step's keys/values and return all of them so far."""
@@ -32,13 +33,11 @@ class LayerCache:
         """Self-attention mask for the newest queries: one new token sees every cached key."""
         return "causal" if num_queries > 1 else None
 
-    def reorder(self, rows: mx.array, cross: bool = False) -> None:
-        """Keep batch rows `rows` (beam search). Cross K/V only change when `cross` is set:
-        beams of one input share its encoder output, so reordering within a group is a no-op."""
+    def reorder(self, rows: mx.array) -> None:
+        """Keep self-attention rows `rows` (beam search). Cross K/V stay: they are held once per
+        input and shared by its beams, and beams never move between inputs."""
         if self.keys is not None:
             self.keys, self.values = self.keys[rows], self.values[rows]
-        if cross:
-            self.cross_kv = (self.cross_kv[0][rows], self.cross_kv[1][rows])
 
 
 class StepPosition:
@@ -54,12 +53,12 @@ class StepPosition:
 
 class StaticLayerCache:
     """A layer cache with fixed shapes, for a compiled decoding step: self-attention K/V live in
-    preallocated (B, H, capacity, D) buffers, written at `at.position` (an int32 array, so one
+    preallocated (R, H, capacity, D) buffers, written at `at.position` (an int32 array, so one
     compiled step serves every position), and queries see the keys up to their own position."""
 
     def __init__(self, cross_kv: tuple[mx.array, mx.array], keys: mx.array, values: mx.array, at: StepPosition):
-        self.cross_kv = cross_kv  # (B, H, S, D) each
-        self.keys, self.values = keys, values  # (B, H, capacity, D)
+        self.cross_kv = cross_kv  # (B, H, S, D) each, one per input
+        self.keys, self.values = keys, values  # (R, H, capacity, D): R = B * beams rows
         self.at = at
 
     def update_and_fetch(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
@@ -91,11 +90,9 @@ class DecoderCache:
     def offset(self) -> int:
         return self.layers[0].offset if self.layers else 0
 
-    def reorder(self, rows: mx.array, cross: bool = False) -> None:
+    def reorder(self, rows: mx.array) -> None:
         for layer in self.layers:
-            layer.reorder(rows, cross)
-        if cross and self.cross_mask is not None:
-            self.cross_mask = self.cross_mask[rows]
+            layer.reorder(rows)
 
     def state(self) -> list[mx.array]:
         """Every array held, for mx.eval."""

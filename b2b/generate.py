@@ -106,23 +106,24 @@ class _Stepper:
     hundreds of separately dispatched ops. Otherwise the growing `DecoderCache`."""
 
     def __init__(self, model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, max_steps: int,
-                 rows: mx.array | None = None, log_probs: bool = False):
+                 beams: int = 1, log_probs: bool = False):
         self.model, self.log_probs = model, log_probs
-        cache = model.make_cache(memory, src_mask)  # cross-attention K/V projected once
-        if rows is not None:
-            cache.reorder(rows, cross=True)
+        # Cross-attention K/V projected once per input and shared by its beams (rows b*beams + k):
+        # `Attention` groups a step's rows by input when there are more rows than inputs.
+        cache = model.make_cache(memory, src_mask)
         self.compiled = _compiles(model)
         if not self.compiled:
             self.cache = cache
             return
         c = model.config
-        R, S = cache.layers[0].cross_kv[0].shape[0], memory.shape[1]
+        B, S = memory.shape[:2]
+        R = B * beams
         capacity = -(-max_steps // 32) * 32  # a few capacities: compiled steps are reused
         shape = (R, c.num_heads, capacity, c.head_dim)
         self.keys = [mx.zeros(shape, memory.dtype) for _ in cache.layers]
         self.values = [mx.zeros(shape, memory.dtype) for _ in cache.layers]
         self.cross = [layer.cross_kv for layer in cache.layers]
-        self.cross_mask = cache.cross_mask if cache.cross_mask is not None else mx.ones((R, 1, 1, S), dtype=mx.bool_)
+        self.cross_mask = cache.cross_mask if cache.cross_mask is not None else mx.ones((B, 1, 1, S), dtype=mx.bool_)
         self.position = 0
         self.table_t = _output_matrix_t(model)  # (C, V)
 
@@ -241,8 +242,8 @@ def beam_search(
     input each step, then the best finished hypothesis per input."""
     c = model.config
     B, K = memory.shape[0], cfg.num_beams
-    # (B*K, ...) rows: beams copy their input's cross-attention K/V, projected once.
-    decode = _Stepper(model, memory, src_mask, cfg.max_length, rows=mx.repeat(mx.arange(B), K), log_probs=True)
+    # (B*K, ...) rows; the beams of an input share its cross-attention K/V, projected once.
+    decode = _Stepper(model, memory, src_mask, cfg.max_length, beams=K, log_probs=True)
     reorder = None
     scores = np.full((B, K), -np.inf, dtype=np.float64)
     scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 1

@@ -78,14 +78,23 @@ class Attention(nn.Module):
         mask: Mask = None,
         return_weights: bool = False,
     ) -> tuple[mx.array, mx.array | None]:
-        q = self.split_heads(self.query(x))  # (B, H, Tq, D)
         k, v = kv  # (B, H, Tk, D)
+        R, T, C = x.shape
+        beams = R // k.shape[0]
+        if beams > 1:
+            # Beam search: R = B * beams rows, one token each, and each input's beams share its
+            # cross-attention K/V (held once, not per beam). The beams become the queries of one
+            # attention per input: K/V are read once instead of once per beam.
+            q = self.query(x).reshape(k.shape[0], beams, self.num_heads, -1).transpose(0, 2, 1, 3)  # (B, H, beams, D)
+        else:
+            q = self.split_heads(self.query(x))  # (B, H, Tq, D)
         if return_weights:
             out, weights = attention_explicit(q, k, v, self.scale, mask)
+            if beams > 1:  # (B, H, beams, Tk) -> (R, H, 1, Tk)
+                weights = weights.transpose(0, 2, 1, 3).reshape(R, self.num_heads, 1, -1)
         else:
             out, weights = fastmath.attention(q, k, v, self.scale, mask), None
-        B, H, T, D = out.shape
-        out = out.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # (B, Tq, C)
+        out = out.transpose(0, 2, 1, 3).reshape(R, T, C)  # (R, Tq, C)
         return self.out(out), weights
 
 
