@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import pathlib
 import json
 
 import pytest
@@ -46,6 +47,18 @@ def test_evaluate_cli_writes_json_and_csv(tmp_path, tiny_checkpoint, data, capsy
     assert {"article", "reference", "generated", "rouge1", "rouge2", "rougeLsum"} <= set(rows[0])
     assert [r["reference"] for r in rows] == pairs.summaries
     assert "ROUGE-1" in capsys.readouterr().out
+
+
+def test_default_report_names_the_article_count(tiny_checkpoint, capsys):
+    # A quick run on a few articles must not overwrite the report of a longer one.
+    common = ["--checkpoint", tiny_checkpoint, "--data", str(FIXTURES / "cnndm_sample.jsonl"), "--max-length", "4"]
+    assert evaluate.main(common + ["--limit", "3"]) == 0
+    assert evaluate.main(common + ["--limit", "2"]) == 0
+    names = sorted(p.name for p in pathlib.Path(tiny_checkpoint).glob("eval_*"))
+    assert names == ["eval_cnndm_sample_first2_beam1.csv", "eval_cnndm_sample_first2_beam1.json",
+                     "eval_cnndm_sample_first3_beam1.csv", "eval_cnndm_sample_first3_beam1.json"]
+    first3 = json.loads((pathlib.Path(tiny_checkpoint) / "eval_cnndm_sample_first3_beam1.json").read_text())
+    assert first3["n"] == 3
 
 
 def test_evaluate_cli_reports_a_missing_checkpoint(tmp_path, caplog):

@@ -110,6 +110,13 @@ def _means(r) -> dict[str, float]:
     return {"rouge1": round(r.rouge1, 2), "rouge2": round(r.rouge2, 2), "rougeLsum": round(r.rougeLsum, 2)}
 
 
+def _default_report_path(checkpoint: str, data: str, limit: int, num_beams: int) -> str:
+    """eval_<data>_<first N | all>_beam<K>.json in the checkpoint folder: a quick run on a few
+    articles must not overwrite the report of a long one (the app and export read eval_*.json)."""
+    articles = f"first{limit}" if limit else "all"
+    return os.path.join(checkpoint, f"eval_{os.path.basename(data).split('.')[0]}_{articles}_beam{num_beams}.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="as transformers' generate; 1: off")
     p.add_argument("--max-source-length", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--out", default="", help="write the report as JSON here (and per-example CSV beside it)")
+    p.add_argument("--out", default="", help="write the report as JSON here (and per-example CSV beside it); default: eval_<data>_first<N>_beam<K>.json in the checkpoint folder")
     a = p.parse_args(argv)
     try:
         from tqdm import tqdm
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report.settings.update(checkpoint=os.path.abspath(a.checkpoint), data=a.data, limit=a.limit)
     print(report.table())
-    out = a.out or os.path.join(a.checkpoint, f"eval_{os.path.basename(a.data).split('.')[0]}_beam{a.num_beams}.json")
+    out = a.out or _default_report_path(a.checkpoint, a.data, a.limit, a.num_beams)
     try:
         with open(out, "w") as f:
             json.dump(report.to_dict(), f, indent=2)
