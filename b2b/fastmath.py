@@ -157,7 +157,7 @@ def _normalise(out: mx.array, denom: mx.array) -> mx.array:
 def _attention_one_query(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
     """A decoding step's attention (Tq = 1) in six kernels instead of ~ten: the scale folded
     into the exp, no log-normaliser (only a backward pass needs it). A step is dominated by
-    MLX's fixed cost per kernel (~5 us here), not by arithmetic. Plain ops: MLX
+    MLX's fixed cost per kernel (~5-10 us here), not by arithmetic. Plain ops: MLX
     differentiates it if it must (slower than `_attention`'s rule, but Tq = 1 is inference)."""
     s = q @ k.swapaxes(-1, -2)  # (B, H, 1, Tk), unscaled; scale > 0 keeps the same maximum
     e = _scaled_masked_exp(s, s.max(axis=-1, keepdims=True), mask, scale)
