@@ -35,6 +35,26 @@ def test_fast_and_explicit_attention_agree():
     assert float(mx.triu(w[0, 0], k=1).abs().max()) == 0.0  # no peeking at later tokens
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_beams_sharing_their_inputs_keys_and_values(tiny_model, explicit):
+    # Beam search holds cross-attention K/V once per input (B rows) for B * beams query rows;
+    # Attention groups the rows by input. Same result as K/V repeated for every beam.
+    mx.random.seed(2)
+    attn = tiny_model.decoder.layers[0].cross_attn
+    B, beams, S, C = 2, 3, 7, tiny_model.config.hidden_size
+    x = mx.random.normal((B * beams, 1, C))
+    kv = attn.project_kv(mx.random.normal((B, S, C)))
+    mask = mx.array([[1] * 5 + [0] * 2, [1] * 7]).astype(mx.bool_)[:, None, None, :]
+    rows = mx.repeat(mx.arange(B), beams)
+    shared, w_shared = attn(x, kv, mask, return_weights=explicit)
+    repeated, w_repeated = attn(x, (kv[0][rows], kv[1][rows]), mask[rows], return_weights=explicit)
+    assert shared.shape == (B * beams, 1, C)
+    assert np.allclose(np.array(shared), np.array(repeated), atol=1e-5)
+    if explicit:
+        assert w_shared.shape == w_repeated.shape == (B * beams, tiny_model.config.num_heads, 1, S)
+        assert np.allclose(np.array(w_shared), np.array(w_repeated), atol=1e-6)
+
+
 def test_model_with_and_without_attention_maps_agree(tiny_model):
     src, mask, tgt = _batch()
     plain = tiny_model(src, mask, tgt)

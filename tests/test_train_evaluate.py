@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import csv
-import pathlib
 import json
+import pathlib
 
 import pytest
 
