@@ -12,7 +12,7 @@ from typing import Iterator
 import mlx.core as mx
 import numpy as np
 
-from . import fastmath
+from . import cpu_step, fastmath
 from .cache import DecoderCache, StaticLayerCache, StepPosition
 from .decoding import DecodingConfig, DecodingError
 from .model import Bert2Bert
@@ -112,13 +112,18 @@ class _Stepper:
         # `Attention` groups a step's rows by input when there are more rows than inputs.
         cache = model.make_cache(memory, src_mask)
         self.compiled = _compiles(model)
+        self.in_c = None
         if not self.compiled:
             self.cache = cache
+            return
+        capacity = -(-max_steps // 32) * 32  # a few capacities: compiled steps are reused
+        if cpu_step.applies(model):  # the same step in C: MLX's CPU kernels cost more to launch than to run
+            cross = [layer.cross_kv for layer in cache.layers]
+            self.in_c = cpu_step.CpuStepper(model, cross, cache.cross_mask, capacity, beams, log_probs)
             return
         c = model.config
         B, S = memory.shape[:2]
         R = B * beams
-        capacity = -(-max_steps // 32) * 32  # a few capacities: compiled steps are reused
         shape = (R, c.num_heads, capacity, c.head_dim)
         self.keys = [mx.zeros(shape, memory.dtype) for _ in cache.layers]
         self.values = [mx.zeros(shape, memory.dtype) for _ in cache.layers]
@@ -130,6 +135,8 @@ class _Stepper:
     def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> mx.array:
         """Logits (or log-probabilities) (R, V) for the newest tokens (R, 1); `reorder` first
         keeps cache rows `reorder` (beam search)."""
+        if self.in_c is not None:
+            return self.in_c(tokens, reorder)
         if not self.compiled:
             if reorder is not None:
                 self.cache.reorder(reorder)

@@ -81,9 +81,17 @@ def _load_fast_blas() -> None:
 _load_fast_blas()
 
 
+def blas_path() -> str | None:
+    """The optimized BLAS loaded before MLX (its resolved path), or None."""
+    return _BLAS["path"]
+
+
 def runtime_info() -> dict:
-    """MLX version, device, BLAS in use and platform, for logs and the demo's model_info."""
+    """MLX version, device, BLAS in use, whether decoding steps run in C, and platform, for
+    logs and the demo's model_info."""
     import mlx.core as mx
+
+    from . import cpu_step  # imports mlx: only once mlx.core may load
 
     return {
         "mlx": mx.__version__,
@@ -92,6 +100,7 @@ def runtime_info() -> dict:
         "blas": _BLAS["name"],
         "blas_path": _BLAS["path"],
         "gemv_shim": _BLAS["gemv_shim"],
+        "cpu_step": cpu_step.available(),
         "platform": f"{platform.system()} {platform.machine()}",
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),

@@ -183,8 +183,9 @@ def test_decoding_ignores_and_restores_training_mode(tiny_config):
 
 @pytest.mark.parametrize("share", [False, True])
 def test_compiled_decoding_sees_new_weights(tiny_config, share, monkeypatch):
-    """The compiled step multiplies by (in, out) copies of the weights: after an update (as an
-    optimizer makes mid-run) the copies must be made afresh, or decoding would use stale weights."""
+    """The compiled step multiplies by (in, out) copies of the weights (and the C step, which is
+    the compiled path where it applies, by views of them): after an update (as an optimizer
+    makes mid-run) they must be taken afresh, or decoding would use stale weights."""
     mx.random.seed(1)
     model = Bert2Bert(tiny_config.replace(share_encoder_decoder=share))
     model.eval()
@@ -201,7 +202,8 @@ def test_compiled_decoding_sees_new_weights(tiny_config, share, monkeypatch):
     assert after != before  # the update did change the summary, so the check above means something
 
 
-def test_the_decoding_copy_of_the_output_matrix_is_kept_only_while_serving(tiny_model):
+def test_the_decoding_copy_of_the_output_matrix_is_kept_only_while_serving(tiny_model, monkeypatch):
+    monkeypatch.setenv("B2B_CPU_STEP", "0")  # the copy is the MLX step's (the C step reads the table itself)
     h = mx.random.normal((3, tiny_model.config.hidden_size))
     table_t = mx.contiguous(tiny_model.output_matrix().T)
     assert np.allclose(np.array(tiny_model.lm_logits(h, table_t)), np.array(tiny_model.lm_logits(h)), atol=1e-5)

@@ -1,0 +1,150 @@
+"""Decoding steps in C on MLX's CPU backend (cpu_step.c; see its header for why).
+
+`CpuStepper` is a drop-in for `generate._Stepper`'s compiled MLX step: the same inputs and
+outputs, one C call per token instead of ~600 MLX kernels. It reads the model's float32 weights
+and the encoder's cross-attention K/V in place (numpy views of MLX memory, nothing copied) and
+keeps the self-attention cache in numpy. It is used only where it applies: the CPU device,
+float32 weights, fast math on, B2B_CPU_STEP not 0, and a C compiler to build it; otherwise
+decoding stays on MLX, which computes the same step.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from functools import lru_cache
+
+import mlx.core as mx
+import numpy as np
+
+from . import fastmath, native
+from .model import Bert2Bert
+
+log = logging.getLogger(__name__)
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_step.c")
+# -march=native: built on the machine that runs it (the build's name carries the CPU's flags).
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
+_F32P = ctypes.POINTER(ctypes.c_float)
+
+
+@lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    """The built C step, or None."""
+    path = native.build(SOURCE, _FLAGS)
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        ptrs, ints = ctypes.POINTER(_F32P), ctypes.POINTER(ctypes.c_int)
+        lib.b2b_decode_step.argtypes = [ints, ctypes.c_float, ptrs, ctypes.c_int, ctypes.c_int, ints, ctypes.c_int,
+                                        ptrs, ptrs, ptrs, ptrs, ctypes.c_int, ctypes.POINTER(ctypes.c_ubyte),
+                                        ctypes.c_int, _F32P]
+        lib.b2b_decode_step.restype = ctypes.c_int
+        lib.b2b_reorder.argtypes = [ints, ctypes.c_int, ints, ctypes.c_int, ptrs, ptrs]
+        lib.b2b_reorder.restype = ctypes.c_int
+        return lib
+    except (OSError, AttributeError) as e:
+        log.debug("C decoding step not used: %s", e)
+        return None
+
+
+def available() -> bool:
+    """Whether decoding steps can run in C here: MLX on the CPU with fast math on (a GPU runs
+    MLX's own kernels fast), B2B_CPU_STEP not 0, and the C step built."""
+    if os.environ.get("B2B_CPU_STEP", "1").lower() in ("0", "false", "no", "off"):
+        return False
+    return fastmath.enabled() and _library() is not None
+
+
+def applies(model: Bert2Bert) -> bool:
+    """Whether decoding `model` runs its steps in C: `available()`, eval mode (the C step has
+    no dropout) and float32 weights."""
+    if model.training or not available():
+        return False
+    return all(p.dtype == mx.float32 for p in _weights(model))
+
+
+def _as_f32(a: mx.array) -> np.ndarray:
+    """A C-contiguous float32 numpy view of `a` (a copy only when `a` is not contiguous)."""
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+
+
+def _weights(model: Bert2Bert) -> list[mx.array]:
+    """The pointer table's arrays, in cpu_step.c's order (globals, then 22 per layer)."""
+    emb, head = model._dec_embeddings(), model._dec_lm_head()
+    table = [emb.word_table.weight, emb.position.weight, emb.token_type.weight[0], emb.norm.weight, emb.norm.bias,
+             head.transform.weight, head.transform.bias, head.norm.weight, head.norm.bias, model.output_matrix(), head.bias]
+    for layer, shared in zip(model.decoder.layers, model._shared_layers()):
+        blocks = shared if shared is not None else layer
+        sa, ca, ffn = blocks.self_attn, layer.cross_attn, blocks.ffn
+        for lin in (sa.query, sa.key, sa.value, sa.out):
+            table += [lin.weight, lin.bias]
+        table += [blocks.self_attn_norm.weight, blocks.self_attn_norm.bias]
+        for lin in (ca.query, ca.out):
+            table += [lin.weight, lin.bias]
+        table += [layer.cross_attn_norm.weight, layer.cross_attn_norm.bias]
+        for lin in (ffn.up, ffn.down):
+            table += [lin.weight, lin.bias]
+        table += [blocks.ffn_norm.weight, blocks.ffn_norm.bias]
+    return table
+
+
+def _pointers(arrays: list[np.ndarray]):
+    return (_F32P * len(arrays))(*(a.ctypes.data_as(_F32P) for a in arrays))
+
+
+class CpuStepper:
+    """Decoding steps in C for R = B * beams rows (row r reads input r // beams)."""
+
+    def __init__(self, model: Bert2Bert, cross: list[tuple[mx.array, mx.array]], src_mask: mx.array | None,
+                 capacity: int, beams: int, log_probs: bool):
+        c = model.config
+        self.lib = _library()
+        self.log_probs = log_probs
+        B, _, S, _ = cross[0][0].shape
+        self.B, self.R, self.S, self.V = B, B * beams, S, c.vocab_size
+        # Views of MLX memory: the MLX arrays are held too, so the memory stays alive.
+        self._held = (_weights(model), cross)
+        self._arrays = [_as_f32(a) for a in self._held[0]]
+        self._table = _pointers(self._arrays)
+        self._cross_k = [_as_f32(k) for k, _ in cross]
+        self._cross_v = [_as_f32(v) for _, v in cross]
+        self._ck, self._cv = _pointers(self._cross_k), _pointers(self._cross_v)
+        shape = (self.R, c.num_heads, capacity, c.head_dim)
+        self.keys = [np.zeros(shape, np.float32) for _ in cross]
+        self.values = [np.zeros(shape, np.float32) for _ in cross]
+        self._k, self._v = _pointers(self.keys), _pointers(self.values)
+        # (B, S) bytes, 1 where the source is real; None: all real.
+        self.mask = None if src_mask is None else np.ascontiguousarray(np.asarray(src_mask).reshape(B, S), dtype=np.uint8)
+        self.dims = (ctypes.c_int * 7)(c.hidden_size, c.num_heads, c.head_dim, c.ffn_size, c.vocab_size,
+                                       len(cross), capacity)
+        self.eps = c.layer_norm_eps
+        self.position = 0
+
+    def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> mx.array:
+        """Logits or log-probabilities (R, V) for the newest tokens (R, 1); `reorder` first
+        keeps cache rows `reorder` (beam search)."""
+        if reorder is not None:
+            rows = np.ascontiguousarray(np.asarray(reorder), dtype=np.int32)
+            ok = self.lib.b2b_reorder(self.dims, self.R, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+                                      self.position, self._k, self._v)
+            self._check(ok)
+        ids = np.ascontiguousarray(np.asarray(tokens).reshape(-1), dtype=np.int32)
+        if ids.shape[0] != self.R or ids.min() < 0 or ids.max() >= self.V:
+            raise ValueError(f"Expected {self.R} token ids in [0, {self.V}), got {ids.tolist()}.")
+        out = np.empty((self.R, self.V), np.float32)
+        mask = self.mask.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)) if self.mask is not None else None
+        ok = self.lib.b2b_decode_step(
+            self.dims, self.eps, self._table, self.R, self.B, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+            self.position, self._k, self._v, self._ck, self._cv, self.S, mask, int(self.log_probs),
+            out.ctypes.data_as(_F32P))
+        self._check(ok)
+        self.position += 1
+        return mx.array(out)
+
+    def _check(self, status: int) -> None:
+        if status == -2:
+            raise MemoryError("Out of memory in a decoding step.")
+        if status != 0:
+            raise ValueError(f"Decoding step {self.position} does not fit the cache (capacity {self.dims[6]}).")
