@@ -4,8 +4,8 @@
 outputs, one C call per token instead of ~600 MLX kernels. It reads the model's float32 weights
 and the encoder's cross-attention K/V in place (numpy views of MLX memory, nothing copied) and
 keeps the self-attention cache in numpy. It is used only where it applies: the CPU device,
-float32 weights, fast math on, B2B_CPU_STEP not 0, and a C compiler to build it; otherwise
-decoding stays on MLX, which computes the same step.
+float32 weights, eval mode, B2B_CPU_STEP not 0 (nor B2B_COMPILE_DECODE), and a C compiler
+with OpenMP to build it; otherwise decoding stays on MLX, which computes the same step.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
-from . import fastmath, native
+from . import native
 from .model import Bert2Bert
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,12 @@ def _library() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    """Whether decoding steps can run in C here: MLX on the CPU with fast math on (a GPU runs
-    MLX's own kernels fast), B2B_CPU_STEP not 0, and the C step built."""
+    """Whether decoding steps can run in C here: MLX on the CPU (a GPU runs MLX's own kernels
+    fast), B2B_CPU_STEP not 0, and the C step built. Independent of B2B_FAST_MATH: the C step
+    uses libm's exp and erf."""
     if os.environ.get("B2B_CPU_STEP", "1").lower() in ("0", "false", "no", "off"):
         return False
-    return fastmath.enabled() and _library() is not None
+    return mx.default_device() == mx.cpu and _library() is not None
 
 
 def applies(model: Bert2Bert) -> bool:
