@@ -118,6 +118,7 @@ class CpuStepper:
         self._k, self._v = _pointers(self.keys), _pointers(self.values)
         # (B, S) bytes, 1 where the source is real; None: all real.
         self.mask = None if src_mask is None else np.ascontiguousarray(np.asarray(src_mask).reshape(B, S), dtype=np.uint8)
+        self.capacity = capacity
         self.dims = (ctypes.c_int * 7)(c.hidden_size, c.num_heads, c.head_dim, c.ffn_size, c.vocab_size,
                                        len(cross), capacity)
         self.eps = c.layer_norm_eps
@@ -148,4 +149,4 @@ class CpuStepper:
         if status == -2:
             raise MemoryError("Out of memory in a decoding step.")
         if status != 0:
-            raise ValueError(f"Decoding step {self.position} does not fit the cache (capacity {self.dims[6]}).")
+            raise ValueError(f"Decoding step {self.position} does not fit the cache (capacity {self.capacity}).")

@@ -81,11 +81,6 @@ def _load_fast_blas() -> None:
 _load_fast_blas()
 
 
-def blas_path() -> str | None:
-    """The optimized BLAS loaded before MLX (its resolved path), or None."""
-    return _BLAS["path"]
-
-
 def runtime_info() -> dict:
     """MLX version, device, BLAS in use, whether decoding steps run in C, and platform, for
     logs and the demo's model_info."""
