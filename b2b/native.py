@@ -1,5 +1,5 @@
-"""Compiles b2b's small C sources (gemv_shim.c, cpu_step.c) with the system C compiler, once per
-source version and machine, into a folder only this user can write. MLX's CPU backend needs a
+"""Compiles b2b's small C sources (gemv_shim.c, cpu_step.c, cpu_attention.c) with the system C
+compiler, once per source version and machine, into a folder only this user can write. MLX's CPU backend needs a
 compiler at run time anyway; without one (or when a build fails) callers keep their MLX path.
 
 Imported before `mlx.core` (by way of gemv_shim): standard library only.
@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -46,41 +47,52 @@ def _cpu_flags() -> bytes:
         return b""
 
 
-def library_name(source: str, flags: tuple[str, ...]) -> str:
-    """The build's file name: one per source version, compiler flags and machine type."""
+def library_name(source: str, flags: tuple[str, ...], extra: tuple[str, ...] = (), suffix: str = ".so") -> str:
+    """The build's file name: one per source version (`source` and any `extra` files), compiler
+    flags and machine type."""
     digest = hashlib.sha256()
-    with open(source, "rb") as f:
-        digest.update(f.read())
+    for path in (source, *extra):
+        with open(path, "rb") as f:
+            digest.update(f.read())
     digest.update(" ".join(flags).encode())
     if "-march=native" in flags:
         digest.update(_cpu_flags())
     stem = os.path.splitext(os.path.basename(source))[0]
-    return f"{stem}-{digest.hexdigest()[:12]}-{platform.machine()}.so"
+    return f"{stem}-{digest.hexdigest()[:12]}-{platform.machine()}{suffix}"
 
 
-def build(source: str, flags: tuple[str, ...] = ("-O2",)) -> str | None:
-    """Path of the compiled `source` (built now if this version has no build yet), or None."""
-    name = library_name(source, flags)
+def cached(name: str, make: Callable[[str], None]) -> str | None:
+    """Path of the build `name` in the first private cache folder, made now by `make(path)` if
+    it is not there yet (written to a temporary name, then renamed: a concurrent build of the
+    same version writes the same file), or None when `make` fails."""
     for folder in _folders():
         if not _private_folder(folder):
             continue
         out = os.path.join(folder, name)
         if os.path.exists(out):
             return out
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if not compiler:
-            return None
         fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=folder)
         os.close(fd)
         try:
-            cmd = [compiler, *flags, "-shared", "-fPIC", source, "-o", tmp, "-lm"]
-            subprocess.run(cmd, check=True, capture_output=True, timeout=60)
-            os.replace(tmp, out)  # atomic: a concurrent build of the same source writes the same file
+            make(tmp)
+            os.replace(tmp, out)
             return out
         except (OSError, subprocess.SubprocessError) as e:
-            log.debug("Could not build %s: %s", source, e)
+            log.debug("Could not build %s: %s", name, e)
             return None  # a compiler that fails here fails in every folder
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
     return None
+
+
+def build(source: str, flags: tuple[str, ...] = ("-O2",)) -> str | None:
+    """Path of the compiled C `source` (built now if this version has no build yet), or None."""
+    def make(path: str) -> None:
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if not compiler:
+            raise OSError("no C compiler")
+        cmd = [compiler, *flags, "-shared", "-fPIC", source, "-o", path, "-lm"]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+    return cached(library_name(source, flags), make)

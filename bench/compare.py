@@ -59,8 +59,11 @@ class Worker:
         return reply
 
     def call(self, op: str, **kw) -> dict:
-        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # the worker is gone: _read reports its log
         return self._read()
 
     def close(self) -> None:

@@ -1,0 +1,318 @@
+/* Softmax attention, forward and backward, fused, for MLX's CPU backend.
+ *
+ * Why: in MLX on the CPU one attention runs as ~10 separate kernels (matmul, max, masked exp,
+ * sum, matmul, and five more in the backward), each a pass over a (B, H, Tq, Tk) score array
+ * in memory, with MLX's scalar exp; products with an inner dimension of 32 (the head size) run
+ * at ~10 GFLOP/s. Attention was ~85 % of a fine-tuning step. Here each (batch, head) pair is
+ * one task on an OpenMP thread and a block of RB query rows goes through scores, softmax and
+ * output while its (RB, Tk) tile is in cache; every product is the one register-blocked kernel
+ * `gemm` (4 x 16 tile), exp is a vectorised polynomial. Same contract as fastmath._attention:
+ * q already scaled; returns the output and each row's log-normaliser, which the backward uses
+ * to recompute the probabilities (flash-attention style: no (Tq, Tk) array is kept).
+ *
+ * Masks: an optional key mask (B rows of Tk bytes, row stride 0 to broadcast; 0 = padding)
+ * and/or causal (query i sees keys j <= i + Tk - Tq). A row with no key to attend gets a zero
+ * output and zero gradients. Arrays: q, k, v, out, dout given by element strides for batch,
+ * head and position, the head dimension D contiguous (D % 16 == 0); results are contiguous
+ * (B, H, T, D). Built with -O3 -march=native -fopenmp (b2b/native.py).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+#define RB 16  /* query rows per block: its (RB, Tk) tiles stay in L2 */
+
+static inline v8 ld(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
+static inline void st(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+static inline v8 bc(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+
+/* Lanes of a where `keep` is all ones, else of b (C has no vector ?:). */
+static inline v8 vselect(v8i keep, v8 a, v8 b) {
+    v8i ia, ib;
+    memcpy(&ia, &a, sizeof ia);
+    memcpy(&ib, &b, sizeof ib);
+    ia = (ia & keep) | (ib & ~keep);
+    memcpy(&a, &ia, sizeof a);
+    return a;
+}
+
+static inline v8 vmax(v8 a, v8 b) { return vselect(a > b, a, b); }
+
+/* exp for x <= 0 (the scores minus their row maximum): Cephes' expf polynomial after reducing
+ * by n * ln 2, relative error ~2e-7; exactly 0 below -87 (masked keys are -inf). */
+static inline v8 vexp(v8 x) {
+    const v8 lo = bc(-87.0f);
+    v8i keep = x > lo;
+    x = vselect(keep, x, lo);
+    v8 n = x * bc(1.44269504088896341f) + bc(12582912.0f);  /* round to nearest, magic constant */
+    n = n - bc(12582912.0f);
+    v8 r = x - n * bc(0.693359375f);
+    r = r - n * bc(-2.12194440e-4f);
+    v8 p = bc(1.9875691500e-4f);
+    p = p * r + bc(1.3981999507e-3f);
+    p = p * r + bc(8.3334519073e-3f);
+    p = p * r + bc(4.1665795894e-2f);
+    p = p * r + bc(1.6666665459e-1f);
+    p = p * r + bc(5.0000001201e-1f);
+    p = p * r * r + r + bc(1.0f);
+    v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8 scale;
+    memcpy(&scale, &e, sizeof scale);
+    return vselect(keep, p * scale, bc(0.0f));
+}
+
+/* C (M, N) (+)= A (M, K) . B (K, N). A is read by strides (as0 between rows, as1 along K), so a
+ * transposed tile needs no copy; B and C rows are contiguous with strides ldb, ldc; N % 16 == 0.
+ * 4 x 16 register tile: per k, two loads of B, four broadcasts of A, eight FMAs. */
+static void gemm(int M, int N, int K, const float *A, long as0, long as1, const float *B, long ldb,
+                 float *C, long ldc, int accumulate) {
+    int i = 0;
+    for (; i + 4 <= M; i += 4) {
+        const float *a0 = A + i * as0, *a1 = a0 + as0, *a2 = a1 + as0, *a3 = a2 + as0;
+        for (int j = 0; j < N; j += 16) {
+            v8 c00 = bc(0), c01 = bc(0), c10 = bc(0), c11 = bc(0), c20 = bc(0), c21 = bc(0), c30 = bc(0), c31 = bc(0);
+            const float *b = B + j;
+            for (int k = 0; k < K; k++, b += ldb) {
+                v8 b0 = ld(b), b1 = ld(b + 8);
+                long o = k * as1;
+                v8 x0 = bc(a0[o]), x1 = bc(a1[o]), x2 = bc(a2[o]), x3 = bc(a3[o]);
+                c00 += x0 * b0; c01 += x0 * b1;
+                c10 += x1 * b0; c11 += x1 * b1;
+                c20 += x2 * b0; c21 += x2 * b1;
+                c30 += x3 * b0; c31 += x3 * b1;
+            }
+            float *c = C + i * ldc + j;
+            if (accumulate) {
+                c00 += ld(c); c01 += ld(c + 8); c10 += ld(c + ldc); c11 += ld(c + ldc + 8);
+                c20 += ld(c + 2 * ldc); c21 += ld(c + 2 * ldc + 8); c30 += ld(c + 3 * ldc); c31 += ld(c + 3 * ldc + 8);
+            }
+            st(c, c00); st(c + 8, c01); st(c + ldc, c10); st(c + ldc + 8, c11);
+            st(c + 2 * ldc, c20); st(c + 2 * ldc + 8, c21); st(c + 3 * ldc, c30); st(c + 3 * ldc + 8, c31);
+        }
+    }
+    for (; i < M; i++) {
+        const float *a = A + i * as0;
+        for (int j = 0; j < N; j += 16) {
+            v8 c0 = bc(0), c1 = bc(0);
+            const float *b = B + j;
+            for (int k = 0; k < K; k++, b += ldb) {
+                v8 x = bc(a[k * as1]);
+                c0 += x * ld(b); c1 += x * ld(b + 8);
+            }
+            float *c = C + i * ldc + j;
+            if (accumulate) { c0 += ld(c); c1 += ld(c + 8); }
+            st(c, c0); st(c + 8, c1);
+        }
+    }
+}
+
+typedef struct {
+    int B, H, Tq, Tk, D, causal;
+    const uint8_t *key_mask;  /* (B or 1, Tk) or NULL */
+    long mask_b;              /* its batch stride: Tk, or 0 to broadcast */
+} Shape;
+
+/* Per-thread scratch. Tkp = Tk rounded up to 16 (the padding keys are masked). */
+typedef struct {
+    int Tkp;
+    float *kt, *vt, *madd, *s, *p, *qb, *db;
+} Scratch;
+
+static size_t scratch_floats(const Shape *sh) {
+    size_t Tkp = (sh->Tk + 15) / 16 * 16;
+    return 2 * sh->D * Tkp + Tkp + 2 * RB * Tkp + 2 * RB * sh->D;
+}
+
+/* Thread t's part of one allocation made before the parallel region (a failed allocation
+ * must not leave some threads out of the work-sharing loop). */
+static Scratch scratch_at(float *mem, int t, const Shape *sh) {
+    Scratch w;
+    w.Tkp = (sh->Tk + 15) / 16 * 16;
+    size_t tile = (size_t)RB * w.Tkp, pack = (size_t)sh->D * w.Tkp, rows = (size_t)RB * sh->D;
+    w.kt = mem + t * scratch_floats(sh); w.vt = w.kt + pack; w.madd = w.vt + pack;
+    w.s = w.madd + w.Tkp; w.p = w.s + tile; w.qb = w.p + tile; w.db = w.qb + rows;
+    return w;
+}
+
+static int thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* (T, D) rows at stride `ts` -> (D, Tkp) columns, zero beyond T. */
+static void pack_t(const float *x, long ts, int T, int D, int Tkp, float *out) {
+    for (int c = 0; c < D; c++) {
+        float *o = out + (size_t)c * Tkp;
+        for (int j = 0; j < T; j++) o[j] = x[j * ts + c];
+        for (int j = T; j < Tkp; j++) o[j] = 0.0f;
+    }
+}
+
+/* `rows` rows at stride `ts` -> a contiguous (RB, D) block, zero rows beyond `rows`. */
+static void pack_rows(const float *x, long ts, int rows, int D, float *out) {
+    for (int r = 0; r < RB; r++) {
+        if (r < rows) memcpy(out + r * D, x + r * ts, sizeof(float) * D);
+        else memset(out + r * D, 0, sizeof(float) * D);
+    }
+}
+
+/* 0 for keys that may be attended, -inf for padding (and the round-up to Tkp). */
+static void key_bias(const Shape *sh, int b, int Tkp, float *madd) {
+    const uint8_t *km = sh->key_mask ? sh->key_mask + b * sh->mask_b : NULL;
+    for (int j = 0; j < Tkp; j++) madd[j] = (j < sh->Tk && (!km || km[j])) ? 0.0f : -INFINITY;
+}
+
+/* Scores of rows i0.. (already in w->s) plus the mask: -inf where a key is not attended. */
+static void mask_scores(const Shape *sh, const Scratch *w, int i0, int rows) {
+    for (int r = 0; r < rows; r++) {
+        float *s = w->s + (size_t)r * w->Tkp;
+        for (int j = 0; j < w->Tkp; j += 8) st(s + j, ld(s + j) + ld(w->madd + j));
+        if (sh->causal) {
+            int limit = i0 + r + sh->Tk - sh->Tq + 1;  /* first key this row may not see */
+            for (int j = limit < 0 ? 0 : limit; j < w->Tkp; j++) s[j] = -INFINITY;
+        }
+    }
+}
+
+static float row_max(const float *s, int n) {
+    v8 m = bc(-INFINITY);
+    for (int j = 0; j < n; j += 8) { v8 x = ld(s + j); m = vmax(m, x); }
+    float r = m[0];
+    for (int t = 1; t < 8; t++) r = m[t] > r ? m[t] : r;
+    return r;
+}
+
+/* p = exp(s - shift) over a row; returns the sum. A shift of -inf (no key) gives zeros. */
+static float row_exp(const float *s, float shift, int n, float *p) {
+    if (shift == -INFINITY) { memset(p, 0, sizeof(float) * n); return 0.0f; }
+    v8 sum = bc(0), sh = bc(shift);
+    for (int j = 0; j < n; j += 8) { v8 e = vexp(ld(s + j) - sh); st(p + j, e); sum += e; }
+    float r = 0.0f;
+    for (int t = 0; t < 8; t++) r += sum[t];
+    return r;
+}
+
+static int threads(void) {
+#ifdef _OPENMP
+    int n = omp_get_max_threads();
+    return n > 8 ? 8 : n;
+#else
+    return 1;
+#endif
+}
+
+/* Everything one call reads and writes; the backward fields are NULL in a forward call. */
+typedef struct {
+    Shape sh;
+    const float *q, *k, *v, *dout;
+    const long *qs, *ks, *vs, *ds;
+    float *out, *lse;              /* forward: written; backward: read */
+    float *dq, *dk, *dv;
+} Args;
+
+/* Forward for one (batch, head): out and lse rows, a block of RB query rows at a time. */
+static void forward_head(const Args *a, Scratch *w, int bh) {
+    const Shape *sh = &a->sh;
+    int b = bh / sh->H, h = bh % sh->H, Tq = sh->Tq, Tk = sh->Tk, D = sh->D;
+    const float *qh = a->q + b * a->qs[0] + h * a->qs[1], *kh = a->k + b * a->ks[0] + h * a->ks[1];
+    const float *vh = a->v + b * a->vs[0] + h * a->vs[1];
+    float *oh = a->out + (size_t)bh * Tq * D, *lh = a->lse + (size_t)bh * Tq;
+    pack_t(kh, a->ks[2], Tk, D, w->Tkp, w->kt);
+    key_bias(sh, b, w->Tkp, w->madd);
+    for (int i0 = 0; i0 < Tq; i0 += RB) {
+        int rows = Tq - i0 < RB ? Tq - i0 : RB;
+        pack_rows(qh + i0 * a->qs[2], a->qs[2], rows, D, w->qb);
+        gemm(rows, w->Tkp, D, w->qb, D, 1, w->kt, w->Tkp, w->s, w->Tkp, 0);  /* S = Q K^T */
+        mask_scores(sh, w, i0, rows);
+        float inv[RB];
+        for (int r = 0; r < rows; r++) {
+            float m = row_max(w->s + (size_t)r * w->Tkp, w->Tkp);
+            float l = row_exp(w->s + (size_t)r * w->Tkp, m, w->Tkp, w->p + (size_t)r * w->Tkp);
+            inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+            lh[i0 + r] = l > 0.0f ? m + logf(l) : 0.0f;
+        }
+        /* O = P V over the real keys; normalised per row afterwards. */
+        gemm(rows, D, Tk, w->p, w->Tkp, 1, vh, a->vs[2], oh + (size_t)i0 * D, D, 0);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < D; c++) oh[(size_t)(i0 + r) * D + c] *= inv[r];
+    }
+}
+
+/* Backward for one (batch, head): the probabilities recomputed from lse, then dQ, dK, dV. */
+static void backward_head(const Args *a, Scratch *w, int bh) {
+    const Shape *sh = &a->sh;
+    int b = bh / sh->H, h = bh % sh->H, Tq = sh->Tq, Tk = sh->Tk, D = sh->D;
+    const float *qh = a->q + b * a->qs[0] + h * a->qs[1], *kh = a->k + b * a->ks[0] + h * a->ks[1];
+    const float *vh = a->v + b * a->vs[0] + h * a->vs[1], *doh = a->dout + b * a->ds[0] + h * a->ds[1];
+    const float *oh = a->out + (size_t)bh * Tq * D, *lh = a->lse + (size_t)bh * Tq;
+    float *dqh = a->dq + (size_t)bh * Tq * D, *dkh = a->dk + (size_t)bh * Tk * D, *dvh = a->dv + (size_t)bh * Tk * D;
+    memset(dkh, 0, sizeof(float) * Tk * D);
+    memset(dvh, 0, sizeof(float) * Tk * D);
+    pack_t(kh, a->ks[2], Tk, D, w->Tkp, w->kt);
+    pack_t(vh, a->vs[2], Tk, D, w->Tkp, w->vt);
+    key_bias(sh, b, w->Tkp, w->madd);
+    for (int i0 = 0; i0 < Tq; i0 += RB) {
+        int rows = Tq - i0 < RB ? Tq - i0 : RB;
+        pack_rows(qh + i0 * a->qs[2], a->qs[2], rows, D, w->qb);
+        pack_rows(doh + i0 * a->ds[2], a->ds[2], rows, D, w->db);
+        gemm(rows, w->Tkp, D, w->qb, D, 1, w->kt, w->Tkp, w->s, w->Tkp, 0);  /* S = Q K^T */
+        mask_scores(sh, w, i0, rows);
+        for (int r = 0; r < rows; r++)  /* P; a row with no key is all -inf: zeros */
+            row_exp(w->s + (size_t)r * w->Tkp, lh[i0 + r], w->Tkp, w->p + (size_t)r * w->Tkp);
+        gemm(rows, w->Tkp, D, w->db, D, 1, w->vt, w->Tkp, w->s, w->Tkp, 0);  /* dP = dO V^T, over S */
+        for (int r = 0; r < rows; r++) {  /* dS = P (dP - rowsum(dO * O)), over dP */
+            const float *o = oh + (size_t)(i0 + r) * D, *d = w->db + r * D;
+            float delta = 0.0f;
+            for (int c = 0; c < D; c++) delta += d[c] * o[c];
+            float *s = w->s + (size_t)r * w->Tkp, *p = w->p + (size_t)r * w->Tkp;
+            v8 dl = bc(delta);
+            for (int j = 0; j < w->Tkp; j += 8) st(s + j, ld(p + j) * (ld(s + j) - dl));
+        }
+        gemm(rows, D, Tk, w->s, w->Tkp, 1, kh, a->ks[2], dqh + (size_t)i0 * D, D, 0);  /* dQ = dS K */
+        gemm(Tk, D, rows, w->s, 1, w->Tkp, w->qb, D, dkh, D, 1);  /* dK += dS^T Q */
+        gemm(Tk, D, rows, w->p, 1, w->Tkp, w->db, D, dvh, D, 1);  /* dV += P^T dO */
+    }
+}
+
+/* Each (batch, head) pair is one task for the OpenMP threads, each with its own scratch. */
+static int run(const Args *a, void (*head)(const Args *, Scratch *, int)) {
+    const Shape *sh = &a->sh;
+    if (sh->D % 16 || sh->B <= 0 || sh->H <= 0 || sh->Tq <= 0 || sh->Tk <= 0) return -1;
+    int nt = threads();
+    float *mem = malloc(sizeof(float) * scratch_floats(sh) * nt);
+    if (!mem) return -2;
+#pragma omp parallel num_threads(nt)
+    {
+        Scratch w = scratch_at(mem, thread_id(), sh);
+#pragma omp for schedule(dynamic)
+        for (int bh = 0; bh < sh->B * sh->H; bh++) head(a, &w, bh);
+    }
+    free(mem);
+    return 0;
+}
+
+int b2b_attention_forward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
+                          const long *vs, const uint8_t *key_mask, long mask_b, int causal, int B, int H, int Tq,
+                          int Tk, int D, float *out, float *lse) {
+    Args a = {{B, H, Tq, Tk, D, causal, key_mask, mask_b}, q, k, v, NULL, qs, ks, vs, NULL, out, lse, NULL, NULL, NULL};
+    return run(&a, forward_head);
+}
+
+int b2b_attention_backward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
+                           const long *vs, const uint8_t *key_mask, long mask_b, int causal, int B, int H, int Tq,
+                           int Tk, int D, const float *out, const float *lse, const float *dout, const long *ds,
+                           float *dq, float *dk, float *dv) {
+    Args a = {{B, H, Tq, Tk, D, causal, key_mask, mask_b}, q, k, v, dout, qs, ks, vs, ds, (float *)out, (float *)lse,
+              dq, dk, dv};
+    return run(&a, backward_head);
+}

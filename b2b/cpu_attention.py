@@ -1,0 +1,132 @@
+"""Fused softmax attention for MLX's CPU backend: cpu_attention.c (see its header for why) as
+two MLX primitives, forward and backward, in a small C++ extension (ext/attention.cpp).
+
+Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile` and
+`value_and_grad`, so training uses them as well as inference. `attention(q, k, v, mask)`
+returns the output for scaled q, or None where it does not apply; then `fastmath` computes the
+same attention with MLX ops. It applies on the CPU device, to float32 with a head size that is
+a multiple of 16 and a key-padding mask, "causal" or no mask, unless B2B_CPU_ATTENTION=0.
+
+The extension is built once per source version, MLX and Python version and machine into
+b2b's private cache folder (native.py), with CMake, nanobind (the version MLX itself was
+built with: its arrays must cross) and a C++ compiler with OpenMP; `main()` builds it ahead
+(setup.sh runs it), and the first use builds it otherwise (~30 s). Without those tools MLX's
+attention is used and `runtime_info()` says so.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from functools import lru_cache
+
+import mlx.core as mx
+
+from . import native
+
+log = logging.getLogger(__name__)
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = (os.path.join(_HERE, "ext", "attention.cpp"), os.path.join(_HERE, "ext", "CMakeLists.txt"),
+           os.path.join(_HERE, "cpu_attention.c"))
+MODULE = "_b2b_attention"
+
+
+def _cmake() -> str | None:
+    """cmake beside this Python (setup.sh installs the `cmake` wheel when the system has none
+    recent enough), else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "cmake")
+    return beside if os.access(beside, os.X_OK) else shutil.which("cmake")
+
+
+def _make(path: str) -> None:
+    """Configure and build the extension with CMake; copy the module to `path`."""
+    import mlx
+    import nanobind  # a build requirement only (requirements.txt)
+
+    cmake = _cmake()
+    if cmake is None:
+        raise OSError("cmake not found")
+    with tempfile.TemporaryDirectory(prefix="b2b-ext-") as build:
+        configure = [cmake, "-S", os.path.dirname(SOURCES[0]), "-B", build, "-DCMAKE_BUILD_TYPE=Release",
+                     f"-DMLX_DIR={os.path.join(mlx.__path__[0], 'share', 'cmake', 'MLX')}",
+                     f"-Dnanobind_DIR={nanobind.cmake_dir()}", f"-DPython_EXECUTABLE={sys.executable}"]
+        for cmd in (configure, [cmake, "--build", build, "-j", str(os.cpu_count() or 2)]):
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if done.returncode:
+                raise subprocess.SubprocessError(f"{' '.join(cmd[:2])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        built = [f for f in os.listdir(build) if f.startswith(MODULE) and f.endswith(".so")]
+        if not built:
+            raise OSError("the build made no module")
+        shutil.copyfile(os.path.join(build, built[0]), path)
+
+
+def build() -> str | None:
+    """Path of the built extension (building it now if this version has none yet), or None."""
+    key = (mx.__version__, sys.version.split()[0], sysconfig.get_config_var("EXT_SUFFIX") or "", "-march=native")
+    return native.cached(native.library_name(SOURCES[0], key, SOURCES[1:]), _make)
+
+
+@lru_cache(maxsize=1)
+def _module():
+    """The extension module, or None (and why, in the log) when it cannot be built or loaded."""
+    try:
+        path = build()
+        if path is None:
+            log.info("Fused CPU attention not built (needs cmake, nanobind and a C++ compiler): MLX attention is used.")
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(MODULE, path)
+        spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        # MLX's arrays cross only with a nanobind of the same ABI as MLX's own: check once.
+        x = mx.ones((1, 1, 2, 16))
+        mx.eval(module.attention(x, x, x, None, True))
+        return module
+    except Exception as e:  # ImportError, OSError, or TypeError from a nanobind ABI mismatch
+        log.info("Fused CPU attention not used: %s", e)
+        return None
+
+
+def enabled() -> bool:
+    """B2B_CPU_ATTENTION not 0, MLX on the CPU (a GPU has MLX's own fused kernels) and the
+    extension built."""
+    if os.environ.get("B2B_CPU_ATTENTION", "1").lower() in ("0", "false", "no", "off"):
+        return False
+    return mx.default_device() == mx.cpu and _module() is not None
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, mask) -> mx.array | None:
+    """Softmax attention of scaled q (B, H, Tq, D) over k, v (B, H, Tk, D) with a mask as
+    `fastmath.attention` takes it, or None when the kernel does not take these inputs."""
+    if not (q.ndim == k.ndim == v.ndim == 4 and q.dtype == k.dtype == v.dtype == mx.float32 and q.shape[-1] % 16 == 0):
+        return None
+    B, Tk = q.shape[0], k.shape[2]
+    if mask is None or isinstance(mask, str):
+        if mask not in (None, "causal"):
+            return None
+        key_mask, causal = None, mask == "causal"
+    elif mask.ndim == 4 and mask.shape[1:3] == (1, 1) and mask.shape[0] in (1, B) and mask.shape[3] == Tk:
+        key_mask, causal = mask.reshape(mask.shape[0], Tk), False
+    else:
+        return None  # e.g. a full (Tq, Tk) mask: MLX handles it
+    if not enabled():
+        return None
+    return _module().attention(q, k, v, key_mask, causal)
+
+
+def main() -> None:
+    """Build now and say what happened (setup.sh runs this)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        path = build()
+    except ImportError as e:
+        path = None
+        log.info("%s", e)
+    print(f"Fused CPU attention: {path}" if path else "Fused CPU attention: not built; MLX attention will be used.")

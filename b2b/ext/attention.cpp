@@ -1,0 +1,197 @@
+// b2b's fused CPU attention (../cpu_attention.c) as MLX primitives, so that it runs inside
+// MLX's graph: under mx.compile and value_and_grad like any op, in training too. The numpy
+// route (cpu_attention.py) evaluates its inputs mid-graph, which MLX cannot compile and which
+// keeps every array of a traced training step alive; a primitive has neither problem.
+//
+// attention(q, k, v, key_mask, causal) -> out: q already scaled, (B, H, Tq, D); k, v
+// (B, H, Tk, D); key_mask (B or 1, Tk) bool or None. The forward primitive has a second
+// output, each row's log-normaliser (B, H, Tq, 1), which only the backward primitive reads.
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+
+extern "C" {
+int b2b_attention_forward(const float* q, const long* qs, const float* k, const long* ks, const float* v,
+                          const long* vs, const uint8_t* key_mask, long mask_b, int causal, int B, int H, int Tq,
+                          int Tk, int D, float* out, float* lse);
+int b2b_attention_backward(const float* q, const long* qs, const float* k, const long* ks, const float* v,
+                           const long* vs, const uint8_t* key_mask, long mask_b, int causal, int B, int H, int Tq,
+                           int Tk, int D, const float* out, const float* lse, const float* dout, const long* ds,
+                           float* dq, float* dk, float* dv);
+}
+
+namespace {
+
+// A (B, H, T, D) input as the kernel reads it: its data and the strides of its first three
+// dimensions in elements. The kernel needs D contiguous, as the usual transposed (B, T, H, D)
+// views have it; anything else is copied (`packed`) inside the task, when the data is ready.
+struct View {
+  const float* data;
+  long strides[4];
+  int shape[4];
+};
+
+View view(const mx::array& a) {
+  View v{a.data<float>(), {}, {}};
+  for (int i = 0; i < 4; i++) v.strides[i] = (long)a.strides(i), v.shape[i] = a.shape(i);
+  return v;
+}
+
+// `v` itself, or a row-contiguous copy held by `store` when its last stride is not 1.
+View packed(const View& v, std::vector<float>& store) {
+  if (v.strides[3] == 1) return v;
+  store.resize((size_t)v.shape[0] * v.shape[1] * v.shape[2] * v.shape[3]);
+  size_t n = 0;
+  for (int a = 0; a < v.shape[0]; a++)
+    for (int b = 0; b < v.shape[1]; b++)
+      for (int c = 0; c < v.shape[2]; c++)
+        for (int d = 0; d < v.shape[3]; d++)
+          store[n++] = v.data[a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3]];
+  View out{store.data(), {}, {v.shape[0], v.shape[1], v.shape[2], v.shape[3]}};
+  out.strides[3] = 1;
+  out.strides[2] = v.shape[3];
+  out.strides[1] = (long)v.shape[2] * v.shape[3];
+  out.strides[0] = (long)v.shape[1] * out.strides[1];
+  return out;
+}
+
+// Key mask pointer and batch stride (0: one row for every batch entry), or null.
+std::pair<const uint8_t*, long> mask_of(const std::vector<mx::array>& inputs, size_t index) {
+  if (inputs.size() <= index) return {nullptr, 0};
+  const auto& m = inputs[index];
+  return {m.data<uint8_t>(), m.shape(0) == 1 ? 0 : (long)m.strides(0)};
+}
+
+// Outputs allocated and registered with the stream's encoder, which the task is queued on.
+mx::cpu::CommandEncoder& prepare(mx::Primitive& p, const std::vector<mx::array>& in, std::vector<mx::array>& outs) {
+  for (auto& o : outs) o.set_data(mx::allocator::malloc(o.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(p.stream());
+  for (auto& a : in) enc.set_input_array(a);
+  for (auto& o : outs) enc.set_output_array(o);
+  return enc;
+}
+
+class AttentionBackward : public mx::Primitive {
+ public:
+  AttentionBackward(mx::Stream s, bool causal) : mx::Primitive(s), causal_(causal) {}
+
+  // inputs: q, k, v, out, lse, dout[, key_mask]; outputs: dq, dk, dv (contiguous).
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    View q0 = view(in[0]), k0 = view(in[1]), v0 = view(in[2]), d0 = view(in[5]);
+    auto [mask, mask_b] = mask_of(in, 6);
+    int B = in[0].shape(0), H = in[0].shape(1), Tq = in[0].shape(2), Tk = in[1].shape(2), D = in[0].shape(3);
+    const float *out = in[3].data<float>(), *lse = in[4].data<float>();
+    float *dq = outs[0].data<float>(), *dk = outs[1].data<float>(), *dv = outs[2].data<float>();
+    bool causal = causal_;
+    enc.dispatch([=]() {
+      std::vector<float> sq, sk, sv, sd;
+      View q = packed(q0, sq), k = packed(k0, sk), v = packed(v0, sv), d = packed(d0, sd);
+      if (b2b_attention_backward(q.data, q.strides, k.data, k.strides, v.data, v.strides, mask, mask_b, causal, B, H,
+                                 Tq, Tk, D, out, lse, d.data, d.strides, dq, dk, dv) != 0)
+        throw std::runtime_error("b2b attention backward: out of memory");
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("b2b attention runs on the CPU only");
+  }
+  const char* name() const override { return "B2BAttentionBackward"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return causal_ == static_cast<const AttentionBackward&>(other).causal_;
+  }
+
+ private:
+  bool causal_;
+};
+
+class AttentionForward : public mx::Primitive {
+ public:
+  AttentionForward(mx::Stream s, bool causal) : mx::Primitive(s), causal_(causal) {}
+
+  // inputs: q, k, v[, key_mask]; outputs: out (B, H, Tq, D), lse (B, H, Tq, 1).
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    View q0 = view(in[0]), k0 = view(in[1]), v0 = view(in[2]);
+    auto [mask, mask_b] = mask_of(in, 3);
+    int B = in[0].shape(0), H = in[0].shape(1), Tq = in[0].shape(2), Tk = in[1].shape(2), D = in[0].shape(3);
+    float *out = outs[0].data<float>(), *lse = outs[1].data<float>();
+    bool causal = causal_;
+    enc.dispatch([=]() {
+      std::vector<float> sq, sk, sv;
+      View q = packed(q0, sq), k = packed(k0, sk), v = packed(v0, sv);
+      if (b2b_attention_forward(q.data, q.strides, k.data, k.strides, v.data, v.strides, mask, mask_b, causal, B, H,
+                                Tq, Tk, D, out, lse) != 0)
+        throw std::runtime_error("b2b attention forward: out of memory");
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("b2b attention runs on the CPU only");
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>& outputs) override {
+    // The log-normaliser is internal (the Python function returns only `out`): its cotangent
+    // is zero and ignored.
+    std::vector<mx::array> inputs = {primals[0], primals[1], primals[2], outputs[0], outputs[1], cotangents[0]};
+    if (primals.size() > 3) inputs.push_back(primals[3]);
+    auto grads = mx::array::make_arrays({primals[0].shape(), primals[1].shape(), primals[2].shape()},
+                                        {mx::float32, mx::float32, mx::float32},
+                                        std::make_shared<AttentionBackward>(stream(), causal_), inputs);
+    std::vector<mx::array> result;
+    for (int i : argnums) result.push_back(i < 3 ? grads[i] : mx::zeros_like(primals[i], stream()));
+    return result;
+  }
+
+  const char* name() const override { return "B2BAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return causal_ == static_cast<const AttentionForward&>(other).causal_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override {
+    auto lse = in[0].shape();
+    lse.back() = 1;
+    return {in[0].shape(), lse};
+  }
+
+ private:
+  bool causal_;
+};
+
+}  // namespace
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, std::optional<mx::array> key_mask,
+                    bool causal) {
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.dtype() != mx::float32 || k.dtype() != mx::float32 ||
+      v.dtype() != mx::float32 || q.shape(3) % 16 != 0 || k.shape() != v.shape() || q.shape(3) != k.shape(3) ||
+      q.shape(0) != k.shape(0) || q.shape(1) != k.shape(1))
+    throw std::invalid_argument("b2b attention: float32 (B, H, T, D) q, k, v with D a multiple of 16");
+  auto s = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = {q, k, v};
+  if (key_mask) {
+    auto m = *key_mask;
+    if (m.ndim() != 2 || m.shape(1) != k.shape(2) || (m.shape(0) != 1 && m.shape(0) != k.shape(0)))
+      throw std::invalid_argument("b2b attention: key_mask must be (B or 1, Tk)");
+    inputs.push_back(mx::contiguous(mx::astype(m, mx::uint8, s), false, s));
+  }
+  auto lse_shape = q.shape();
+  lse_shape.back() = 1;
+  auto outs = mx::array::make_arrays({q.shape(), lse_shape}, {mx::float32, mx::float32},
+                                     std::make_shared<AttentionForward>(s, causal), inputs);
+  return outs[0];
+}
+
+NB_MODULE(_b2b_attention, m) {
+  m.doc() = "b2b's fused CPU attention as MLX primitives";
+  m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("key_mask").none(),
+        nb::arg("causal"));
+}

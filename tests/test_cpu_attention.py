@@ -1,0 +1,141 @@
+"""The fused CPU attention (b2b/cpu_attention.c as MLX primitives) against MLX's attention:
+outputs and gradients for every mask it takes, eager and under mx.compile, the model with and
+without it, and the cases where it must step aside."""
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from b2b import B2BConfig, Bert2Bert, cpu_attention, fastmath
+
+pytestmark = pytest.mark.skipif(not cpu_attention.enabled(),
+                                reason="fused CPU attention not built here (needs cmake, nanobind, a C++ compiler)")
+
+
+def _reference(q, k, v, mask):
+    """fastmath's MLX attention (the path the C kernel replaces), scaled q."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    if isinstance(mask, str):
+        mask = mx.arange(Tk)[None, :] <= (mx.arange(Tq)[:, None] + Tk - Tq)
+    elif mask is None:
+        mask = mx.array(True)
+    return fastmath._attention(q, k, v, mask)
+
+
+def _rel(a, b):
+    return float(mx.abs(a - b).max() / (mx.abs(b).max() + 1e-9))
+
+
+def _inputs(B, H, Tq, Tk, D, seed=0):
+    mx.random.seed(seed)
+    q = mx.random.normal((B, H, Tq, D))
+    k = mx.random.normal((B, Tk, H, D)).transpose(0, 2, 1, 3)  # strided, as split_heads makes it
+    v = mx.random.normal((B, H, Tk, D))
+    return q, k, v
+
+
+def _padding(B, Tk, seed=0):
+    lengths = np.random.default_rng(seed).integers(1, Tk + 1, size=B)
+    lengths[0] = Tk
+    return mx.array(np.arange(Tk)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+@pytest.mark.parametrize(
+    "shape, mask",
+    [
+        ((2, 3, 37, 45, 32), "padding"),
+        ((2, 3, 40, 40, 32), "causal"),
+        ((2, 2, 33, 50, 16), "causal"),  # cached: query i sees keys up to i + 17
+        ((1, 2, 5, 70, 64), None),
+        ((3, 2, 16, 16, 16), "broadcast"),
+    ],
+)
+def test_matches_mlx_forward_and_gradients(shape, mask):
+    B, H, Tq, Tk, D = shape
+    q, k, v = _inputs(*shape)
+    if mask == "padding":
+        mask = _padding(B, Tk)
+    elif mask == "broadcast":
+        mask = mx.array(np.arange(Tk) < Tk - 3)[None, None, None, :]
+    out = cpu_attention.attention(q, k, v, mask)
+    assert _rel(out, _reference(q, k, v, mask)[0]) < 1e-5
+    w = mx.random.normal(out.shape)
+
+    def loss(fn):
+        return lambda q, k, v: (fn(q, k, v, mask) * w).sum()
+
+    ref = mx.grad(loss(lambda *a: _reference(*a)[0]), argnums=(0, 1, 2))(q, k, v)
+    grads = mx.grad(loss(cpu_attention.attention), argnums=(0, 1, 2))(q, k, v)
+    compiled = mx.compile(mx.grad(loss(cpu_attention.attention), argnums=(0, 1, 2)))(q, k, v)
+    for g, c, r in zip(grads, compiled, ref):
+        assert _rel(g, r) < 2e-5 and _rel(c, r) < 2e-5
+
+
+def test_padding_keys_get_no_weight():
+    """Changing a padded key's value must not change any output (a kernel that ignored the
+    mask would mix it in)."""
+    q, k, v = _inputs(2, 2, 8, 24, 32)
+    mask = mx.array(np.arange(24) < 10)[None, None, None, :]
+    out = cpu_attention.attention(q, k, v, mask)
+    v2 = mx.concatenate([v[:, :, :10], v[:, :, 10:] + 100.0], axis=2)
+    assert mx.allclose(out, cpu_attention.attention(q, k, v2, mask)).item()
+    assert not mx.allclose(out, cpu_attention.attention(q, k, v2, None)).item()
+
+
+def test_steps_aside_where_it_does_not_apply():
+    q, k, v = _inputs(1, 2, 4, 6, 32)
+    assert cpu_attention.attention(q, k, v, mx.ones((4, 6), mx.bool_)) is None  # a full (Tq, Tk) mask
+    q8, k8, v8 = _inputs(1, 2, 4, 6, 8)
+    assert cpu_attention.attention(q8, k8, v8, None) is None  # head size not a multiple of 16
+    assert cpu_attention.attention(q.astype(mx.float16), k.astype(mx.float16), v, None) is None
+
+
+def test_environment_switch(monkeypatch):
+    import b2b
+
+    q, k, v = _inputs(1, 2, 4, 6, 32)
+    assert b2b.runtime_info()["cpu_attention"] is True
+    monkeypatch.setenv("B2B_CPU_ATTENTION", "0")
+    assert not cpu_attention.enabled() and cpu_attention.attention(q, k, v, None) is None
+    assert b2b.runtime_info()["cpu_attention"] is False
+
+
+def _model():
+    cfg = B2BConfig(vocab_size=120, hidden_size=64, num_heads=2, encoder_layers=2, decoder_layers=2, ffn_size=128,
+                    max_positions=64)
+    mx.random.seed(3)
+    model = Bert2Bert(cfg)
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_model_uses_it_and_matches(monkeypatch, training):
+    """Every multi-query attention of the model goes through it, in inference and in a
+    training step's gradient, and gives MLX's logits and gradients."""
+    import mlx.nn as nn
+
+    model = _model()
+    src = mx.array(np.random.default_rng(0).integers(5, 120, size=(2, 40)))
+    src_mask = mx.array((np.arange(40)[None, :] < np.array([[40], [23]])).astype(np.int32))
+    tgt = mx.array(np.random.default_rng(1).integers(5, 120, size=(2, 12)))
+
+    def loss(m):
+        return m(src, src_mask, tgt).astype(mx.float32).square().mean()
+
+    calls = []
+    real = cpu_attention.attention
+    monkeypatch.setattr(cpu_attention, "attention", lambda *a: calls.append(1) or real(*a))
+    fn = nn.value_and_grad(model, loss) if training else loss
+    fused = fn(model)
+    assert len(calls) == 2 * 1 + 2 * 2  # encoder self-attention; decoder self- and cross-attention
+    monkeypatch.setenv("B2B_CPU_ATTENTION", "0")
+    plain = fn(model)
+    if training:
+        from mlx.utils import tree_flatten
+
+        assert _rel(fused[0], plain[0]) < 1e-5
+        for (name, g), (_, r) in zip(tree_flatten(fused[1]), tree_flatten(plain[1])):
+            # key biases get ~0 gradient (softmax ignores a shift shared by a row): absolute floor
+            assert float(mx.abs(g - r).max()) <= 1e-3 * float(mx.abs(r).max()) + 1e-8, name
+    else:
+        assert _rel(fused, plain) < 1e-5
