@@ -50,12 +50,12 @@ if [[ $want_tests == 1 ]]; then
   .venv/bin/python -m pip install -q -r requirements-test.txt
 fi
 if [[ "$(uname -s)" == "Linux" ]]; then
-  # The fused CPU attention extension needs CMake >= 3.24: the system's, or the wheel's.
+  # b2b's CPU kernels (an MLX extension) need CMake >= 3.24: the system's, or the wheel's.
   have=$(cmake --version 2>/dev/null | head -1 | awk '{print $3}')
   if [[ -z "$have" || "$(printf '%s\n3.24\n' "$have" | sort -V | head -1)" != "3.24" ]]; then
     .venv/bin/python -m pip install -q "cmake>=3.24" || echo "==> No CMake: MLX's own attention will be used"
   fi
-  echo "==> Building b2b's fused CPU attention (once per MLX version, ~30 s)"
-  .venv/bin/python -c "from b2b.cpu_attention import main; main()" || true
+  echo "==> Building b2b's CPU kernels (fused attention; once per MLX version, ~30 s)"
+  .venv/bin/python -c "from b2b.cpu_ops import main; main()" || true
 fi
 .venv/bin/python -c "import b2b, json; print('==> b2b ready:', json.dumps(b2b.runtime_info()))"

@@ -14,7 +14,7 @@
  * and/or causal (query i sees keys j <= i + Tk - Tq). A row with no key to attend gets a zero
  * output and zero gradients. Arrays: q, k, v, out, dout given by element strides for batch,
  * head and position, the head dimension D contiguous (D % 16 == 0); results are contiguous
- * (B, H, T, D). Built with -O3 -march=native -fopenmp (b2b/native.py).
+ * (B, H, T, D). Built with -O3 -march=native and OpenMP into b2b's extension (ext/, cpu_ops.py).
  */
 #include <math.h>
 #include <stdint.h>
@@ -26,8 +26,6 @@
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
-
-#define RB 16  /* query rows per block: its (RB, Tk) tiles stay in L2 */
 
 static inline v8 ld(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
 static inline void st(float *p, v8 x) { memcpy(p, &x, sizeof x); }
@@ -67,6 +65,8 @@ static inline v8 vexp(v8 x) {
     memcpy(&scale, &e, sizeof scale);
     return vselect(keep, p * scale, bc(0.0f));
 }
+
+#define RB 16  /* query rows per block: its (RB, Tk) tiles stay in L2 */
 
 /* C (M, N) (+)= A (M, K) . B (K, N). A is read by strides (as0 between rows, as1 along K), so a
  * transposed tile needs no copy; B and C rows are contiguous with strides ldb, ldc; N % 16 == 0.

@@ -8,8 +8,8 @@ elementwise block is its own shapeless compiled function, so it is fused in eage
 and each has a hand-written gradient, so the backward pass neither differentiates through a
 polynomial nor calls the slow ops. Attention is computed in chunks of the batch of at most
 B2B_ATTN_CHUNK score elements (default 4M) to keep large score matrices out of mmap, unless
-the fused kernel of `cpu_attention` takes it (more than one query; off with
-B2B_CPU_ATTENTION=0), which never holds a score matrix.
+the fused kernel of `cpu_ops` takes it (more than one query; off with B2B_CPU_ATTENTION=0),
+which never holds a score matrix.
 
 Accuracy (float32, checked against float64 references in tests/test_fastmath.py):
   exp   (x <= 0 only) relative error < 2e-5 on [-20, 0], < 5e-3 below (where e**x < 2e-9)
@@ -29,7 +29,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import cpu_attention
+from . import cpu_ops
 
 _SQUARINGS = 7  # exp(x) = exp(x / 128) ** 128: |x / 128| <= 0.68 on the clipped range
 _TAYLOR = [1.0 / math.factorial(k) for k in range(7)]  # degree 6: 21 multiply-adds in all
@@ -172,11 +172,11 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask) -> mx.a
     """Softmax attention (B, H, Tq, D) with a boolean mask (True = may attend), "causal"
     (query i sees keys up to i + Tk - Tq) or None; same contract as
     mx.fast.scaled_dot_product_attention, which it defers to when fast math is off. With more
-    than one query, the fused kernel of `cpu_attention` where it applies."""
+    than one query, the fused kernel of `cpu_ops` where it applies."""
     if not enabled():
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     Tq, Tk = q.shape[-2], k.shape[-2]
-    fused = cpu_attention.attention(q * scale, k, v, mask) if Tq > 1 else None  # None where it does not apply
+    fused = cpu_ops.attention(q * scale, k, v, mask) if Tq > 1 else None  # None where it does not apply
     if fused is not None:
         return fused
     if isinstance(mask, str):

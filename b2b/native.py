@@ -1,6 +1,7 @@
-"""Compiles b2b's small C sources (gemv_shim.c, cpu_step.c, cpu_attention.c) with the system C
-compiler, once per source version and machine, into a folder only this user can write. MLX's CPU backend needs a
-compiler at run time anyway; without one (or when a build fails) callers keep their MLX path.
+"""Compiles b2b's small C sources (gemv_shim.c, cpu_step.c; cpu_ops.py builds its extension
+through `cached` too) with the system C compiler, once per source version and machine, into a
+folder only this user can write. MLX's CPU backend needs a compiler at run time anyway;
+without one (or when a build fails) callers keep their MLX path.
 
 Imported before `mlx.core` (by way of gemv_shim): standard library only.
 """

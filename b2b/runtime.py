@@ -82,11 +82,10 @@ _load_fast_blas()
 
 
 def runtime_info() -> dict:
-    """MLX version, device, BLAS in use, whether decoding steps and inference attention run in
-    C, and platform, for logs and the demo's model_info."""
+    """MLX version, device, BLAS in use, whether decoding steps and attention run in C, and platform, for logs and the demo's model_info."""
     import mlx.core as mx
 
-    from . import cpu_attention, cpu_step  # import mlx: only once mlx.core may load
+    from . import cpu_ops, cpu_step  # import mlx: only once mlx.core may load
 
     return {
         "mlx": mx.__version__,
@@ -96,7 +95,7 @@ def runtime_info() -> dict:
         "blas_path": _BLAS["path"],
         "gemv_shim": _BLAS["gemv_shim"],
         "cpu_step": cpu_step.available(),
-        "cpu_attention": cpu_attention.enabled(),
+        "cpu_attention": cpu_ops.enabled(),
         "platform": f"{platform.system()} {platform.machine()}",
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),

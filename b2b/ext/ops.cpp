@@ -1,7 +1,7 @@
-// b2b's fused CPU attention (../cpu_attention.c) as MLX primitives, so that it runs inside
-// MLX's graph: under mx.compile and value_and_grad like any op, in training too. The numpy
-// route (cpu_attention.py) evaluates its inputs mid-graph, which MLX cannot compile and which
-// keeps every array of a traced training step alive; a primitive has neither problem.
+// b2b's C kernels for MLX's CPU backend (../cpu_attention.c) as MLX primitives,
+// so that they run inside MLX's graph: under mx.compile and value_and_grad like any op, in
+// training too. (Calling C on numpy views instead evaluates arrays mid-graph, which MLX cannot
+// compile and which keeps every array of a traced training step alive.)
 //
 // attention(q, k, v, key_mask, causal) -> out: q already scaled, (B, H, Tq, D); k, v
 // (B, H, Tk, D); key_mask (B or 1, Tk) bool or None. The forward primitive has a second
@@ -167,6 +167,7 @@ class AttentionForward : public mx::Primitive {
   bool causal_;
 };
 
+
 }  // namespace
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, std::optional<mx::array> key_mask,
@@ -190,8 +191,8 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   return outs[0];
 }
 
-NB_MODULE(_b2b_attention, m) {
-  m.doc() = "b2b's fused CPU attention as MLX primitives";
+NB_MODULE(_b2b_ops, m) {
+  m.doc() = "b2b's C kernels for MLX's CPU backend, as MLX primitives";
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("key_mask").none(),
         nb::arg("causal"));
 }

@@ -1,14 +1,14 @@
-"""The fused CPU attention (b2b/cpu_attention.c as MLX primitives) against MLX's attention:
-outputs and gradients for every mask it takes, eager and under mx.compile, the model with and
-without it, and the cases where it must step aside."""
+"""b2b's fused CPU attention as MLX primitives (b2b/cpu_ops.py) against MLX's attention: outputs
+and gradients for every mask it takes, eager and under mx.compile, the model with and without
+it (inference and a training step's gradients), and the cases where it must step aside."""
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from b2b import B2BConfig, Bert2Bert, cpu_attention, fastmath
+from b2b import B2BConfig, Bert2Bert, cpu_ops, fastmath
 
-pytestmark = pytest.mark.skipif(not cpu_attention.enabled(),
-                                reason="fused CPU attention not built here (needs cmake, nanobind, a C++ compiler)")
+pytestmark = pytest.mark.skipif(not cpu_ops.enabled(),
+                                reason="b2b's CPU kernels not built here (needs cmake, nanobind, a C++ compiler)")
 
 
 def _reference(q, k, v, mask):
@@ -56,7 +56,7 @@ def test_matches_mlx_forward_and_gradients(shape, mask):
         mask = _padding(B, Tk)
     elif mask == "broadcast":
         mask = mx.array(np.arange(Tk) < Tk - 3)[None, None, None, :]
-    out = cpu_attention.attention(q, k, v, mask)
+    out = cpu_ops.attention(q, k, v, mask)
     assert _rel(out, _reference(q, k, v, mask)[0]) < 1e-5
     w = mx.random.normal(out.shape)
 
@@ -64,8 +64,8 @@ def test_matches_mlx_forward_and_gradients(shape, mask):
         return lambda q, k, v: (fn(q, k, v, mask) * w).sum()
 
     ref = mx.grad(loss(lambda *a: _reference(*a)[0]), argnums=(0, 1, 2))(q, k, v)
-    grads = mx.grad(loss(cpu_attention.attention), argnums=(0, 1, 2))(q, k, v)
-    compiled = mx.compile(mx.grad(loss(cpu_attention.attention), argnums=(0, 1, 2)))(q, k, v)
+    grads = mx.grad(loss(cpu_ops.attention), argnums=(0, 1, 2))(q, k, v)
+    compiled = mx.compile(mx.grad(loss(cpu_ops.attention), argnums=(0, 1, 2)))(q, k, v)
     for g, c, r in zip(grads, compiled, ref):
         assert _rel(g, r) < 2e-5 and _rel(c, r) < 2e-5
 
@@ -75,18 +75,18 @@ def test_padding_keys_get_no_weight():
     mask would mix it in)."""
     q, k, v = _inputs(2, 2, 8, 24, 32)
     mask = mx.array(np.arange(24) < 10)[None, None, None, :]
-    out = cpu_attention.attention(q, k, v, mask)
+    out = cpu_ops.attention(q, k, v, mask)
     v2 = mx.concatenate([v[:, :, :10], v[:, :, 10:] + 100.0], axis=2)
-    assert mx.allclose(out, cpu_attention.attention(q, k, v2, mask)).item()
-    assert not mx.allclose(out, cpu_attention.attention(q, k, v2, None)).item()
+    assert mx.allclose(out, cpu_ops.attention(q, k, v2, mask)).item()
+    assert not mx.allclose(out, cpu_ops.attention(q, k, v2, None)).item()
 
 
 def test_steps_aside_where_it_does_not_apply():
     q, k, v = _inputs(1, 2, 4, 6, 32)
-    assert cpu_attention.attention(q, k, v, mx.ones((4, 6), mx.bool_)) is None  # a full (Tq, Tk) mask
+    assert cpu_ops.attention(q, k, v, mx.ones((4, 6), mx.bool_)) is None  # a full (Tq, Tk) mask
     q8, k8, v8 = _inputs(1, 2, 4, 6, 8)
-    assert cpu_attention.attention(q8, k8, v8, None) is None  # head size not a multiple of 16
-    assert cpu_attention.attention(q.astype(mx.float16), k.astype(mx.float16), v, None) is None
+    assert cpu_ops.attention(q8, k8, v8, None) is None  # head size not a multiple of 16
+    assert cpu_ops.attention(q.astype(mx.float16), k.astype(mx.float16), v, None) is None
 
 
 def test_environment_switch(monkeypatch):
@@ -95,7 +95,7 @@ def test_environment_switch(monkeypatch):
     q, k, v = _inputs(1, 2, 4, 6, 32)
     assert b2b.runtime_info()["cpu_attention"] is True
     monkeypatch.setenv("B2B_CPU_ATTENTION", "0")
-    assert not cpu_attention.enabled() and cpu_attention.attention(q, k, v, None) is None
+    assert not cpu_ops.enabled() and cpu_ops.attention(q, k, v, None) is None
     assert b2b.runtime_info()["cpu_attention"] is False
 
 
@@ -123,8 +123,8 @@ def test_model_uses_it_and_matches(monkeypatch, training):
         return m(src, src_mask, tgt).astype(mx.float32).square().mean()
 
     calls = []
-    real = cpu_attention.attention
-    monkeypatch.setattr(cpu_attention, "attention", lambda *a: calls.append(1) or real(*a))
+    real = cpu_ops.attention
+    monkeypatch.setattr(cpu_ops, "attention", lambda *a: calls.append(1) or real(*a))
     fn = nn.value_and_grad(model, loss) if training else loss
     fused = fn(model)
     assert len(calls) == 2 * 1 + 2 * 2  # encoder self-attention; decoder self- and cross-attention

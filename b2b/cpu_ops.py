@@ -1,11 +1,14 @@
-"""Fused softmax attention for MLX's CPU backend: cpu_attention.c (see its header for why) as
-two MLX primitives, forward and backward, in a small C++ extension (ext/attention.cpp).
+"""b2b's C kernels for MLX's CPU backend as MLX primitives, in a small C++ extension
+(ext/ops.cpp): fused softmax attention, forward and backward (cpu_attention.c; see its header
+for why). (A GELU kernel in C was tried too: no faster than fastmath's compiled GELU inside a
+compiled training step, so it was dropped.)
 
 Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile` and
-`value_and_grad`, so training uses them as well as inference. `attention(q, k, v, mask)`
-returns the output for scaled q, or None where it does not apply; then `fastmath` computes the
-same attention with MLX ops. It applies on the CPU device, to float32 with a head size that is
-a multiple of 16 and a key-padding mask, "causal" or no mask, unless B2B_CPU_ATTENTION=0.
+`value_and_grad`, so training uses them as well as inference. Each function returns None
+where it does not apply, and `fastmath` then computes the same thing with MLX ops:
+- `attention(q, k, v, mask)` for scaled q: float32, head size a multiple of 16, a key-padding
+  mask, "causal" or no mask; off with B2B_CPU_ATTENTION=0.
+It needs the CPU device (a GPU has MLX's own fast kernels).
 
 The extension is built once per source version, MLX and Python version and machine into
 b2b's private cache folder (native.py), with CMake, nanobind (the version MLX itself was
@@ -33,9 +36,8 @@ from . import native
 log = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = (os.path.join(_HERE, "ext", "attention.cpp"), os.path.join(_HERE, "ext", "CMakeLists.txt"),
-           os.path.join(_HERE, "cpu_attention.c"))
-MODULE = "_b2b_attention"
+SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",)))
+MODULE = "_b2b_ops"
 
 
 def _cmake() -> str | None:
@@ -53,7 +55,7 @@ def _make(path: str) -> None:
     cmake = _cmake()
     if cmake is None:
         raise OSError("cmake not found")
-    with tempfile.TemporaryDirectory(prefix="b2b-ext-") as build:
+    with tempfile.TemporaryDirectory(prefix="b2b-ops-") as build:
         configure = [cmake, "-S", os.path.dirname(SOURCES[0]), "-B", build, "-DCMAKE_BUILD_TYPE=Release",
                      f"-DMLX_DIR={os.path.join(mlx.__path__[0], 'share', 'cmake', 'MLX')}",
                      f"-Dnanobind_DIR={nanobind.cmake_dir()}", f"-DPython_EXECUTABLE={sys.executable}"]
@@ -79,7 +81,7 @@ def _module():
     try:
         path = build()
         if path is None:
-            log.info("Fused CPU attention not built (needs cmake, nanobind and a C++ compiler): MLX attention is used.")
+            log.info("b2b's CPU kernels not built (needs cmake, nanobind and a C++ compiler): MLX ops are used.")
             return None
         loader = importlib.machinery.ExtensionFileLoader(MODULE, path)
         spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
@@ -90,16 +92,15 @@ def _module():
         mx.eval(module.attention(x, x, x, None, True))
         return module
     except Exception as e:  # ImportError, OSError, or TypeError from a nanobind ABI mismatch
-        log.info("Fused CPU attention not used: %s", e)
+        log.info("b2b's CPU kernels not used: %s", e)
         return None
 
 
 def enabled() -> bool:
-    """B2B_CPU_ATTENTION not 0, MLX on the CPU (a GPU has MLX's own fused kernels) and the
+    """Whether the fused attention runs: B2B_CPU_ATTENTION not 0, MLX on the CPU and the
     extension built."""
-    if os.environ.get("B2B_CPU_ATTENTION", "1").lower() in ("0", "false", "no", "off"):
-        return False
-    return mx.default_device() == mx.cpu and _module() is not None
+    off = os.environ.get("B2B_CPU_ATTENTION", "1").lower() in ("0", "false", "no", "off")
+    return not off and mx.default_device() == mx.cpu and _module() is not None
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, mask) -> mx.array | None:
@@ -121,6 +122,7 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask) -> mx.array | None:
     return _module().attention(q, k, v, key_mask, causal)
 
 
+
 def main() -> None:
     """Build now and say what happened (setup.sh runs this)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -129,4 +131,4 @@ def main() -> None:
     except ImportError as e:
         path = None
         log.info("%s", e)
-    print(f"Fused CPU attention: {path}" if path else "Fused CPU attention: not built; MLX attention will be used.")
+    print(f"b2b's CPU kernels (fused attention): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
