@@ -4,7 +4,7 @@
  * sum, matmul, and five more in the backward), each a pass over a (B, H, Tq, Tk) score array
  * in memory, with MLX's scalar exp; products with an inner dimension of 32 (the head size) run
  * at ~10 GFLOP/s. Attention was ~85 % of a fine-tuning step. Here each (batch, head) pair is
- * one task on an OpenMP thread and a block of RB query rows goes through scores, softmax and
+ * one task for a small pool of threads and a block of RB query rows goes through scores, softmax and
  * output while its (RB, Tk) tile is in cache; every product is the one register-blocked kernel
  * `gemm` (4 x 16 tile), exp is a vectorised polynomial. Same contract as fastmath._attention:
  * q already scaled; returns the output and each row's log-normaliser, which the backward uses
@@ -14,15 +14,17 @@
  * and/or causal (query i sees keys j <= i + Tk - Tq). A row with no key to attend gets a zero
  * output and zero gradients. Arrays: q, k, v, out, dout given by element strides for batch,
  * head and position, the head dimension D contiguous (D % 16 == 0); results are contiguous
- * (B, H, T, D). Built with -O3 -march=native and OpenMP into b2b's extension (ext/, cpu_ops.py).
+ * (B, H, T, D). Built with -O3 -march=native into b2b's extension (ext/, cpu_ops.py).
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include <unistd.h>
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -130,8 +132,7 @@ static size_t scratch_floats(const Shape *sh) {
     return 2 * sh->D * Tkp + Tkp + 2 * RB * Tkp + 2 * RB * sh->D;
 }
 
-/* Thread t's part of one allocation made before the parallel region (a failed allocation
- * must not leave some threads out of the work-sharing loop). */
+/* Thread t's part of one allocation made before the threads start. */
 static Scratch scratch_at(float *mem, int t, const Shape *sh) {
     Scratch w;
     w.Tkp = (sh->Tk + 15) / 16 * 16;
@@ -139,14 +140,6 @@ static Scratch scratch_at(float *mem, int t, const Shape *sh) {
     w.kt = mem + t * scratch_floats(sh); w.vt = w.kt + pack; w.madd = w.vt + pack;
     w.s = w.madd + w.Tkp; w.p = w.s + tile; w.qb = w.p + tile; w.db = w.qb + rows;
     return w;
-}
-
-static int thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
 }
 
 /* (T, D) rows at stride `ts` -> (D, Tkp) columns, zero beyond T. */
@@ -202,13 +195,18 @@ static float row_exp(const float *s, float shift, int n, float *p) {
     return r;
 }
 
+/* Threads for one call: the cores, at most 8. Plain pthreads, not OpenMP: MLX calls this from
+ * its own stream thread, and a second OpenMP team beside the C decoding step's (called from
+ * Python's thread) makes libgomp throttle every team's spin-waits: decoding steps went from
+ * ~6 to ~10 ms. These threads exist only during a call. */
 static int threads(void) {
-#ifdef _OPENMP
-    int n = omp_get_max_threads();
-    return n > 8 ? 8 : n;
+#ifdef __linux__
+    cpu_set_t set;  /* the CPUs this process may use (a container's, a taskset's) */
+    long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
 #else
-    return 1;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
 #endif
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
 /* Everything one call reads and writes; the backward fields are NULL in a forward call. */
@@ -284,23 +282,49 @@ static void backward_head(const Args *a, Scratch *w, int bh) {
     }
 }
 
-/* Each (batch, head) pair is one task for the OpenMP threads, each with its own scratch. */
+/* Each (batch, head) pair is one task; threads take the next one until none is left. */
+typedef struct {
+    const Args *a;
+    void (*head)(const Args *, Scratch *, int);
+    float *mem;
+    atomic_int next;
+} Pool;
+
+typedef struct {
+    Pool *pool;
+    int id;
+} Worker;
+
+static void *work(void *arg) {
+    Worker *me = arg;
+    Pool *p = me->pool;
+    Scratch w = scratch_at(p->mem, me->id, &p->a->sh);
+    for (int bh; (bh = atomic_fetch_add(&p->next, 1)) < p->a->sh.B * p->a->sh.H;) p->head(p->a, &w, bh);
+    return NULL;
+}
+
 static int run(const Args *a, void (*head)(const Args *, Scratch *, int)) {
     const Shape *sh = &a->sh;
     if (sh->D % 16 || sh->B <= 0 || sh->H <= 0 || sh->Tq <= 0 || sh->Tk <= 0) return -1;
     int nt = threads();
+    if (nt > sh->B * sh->H) nt = sh->B * sh->H;
     float *mem = malloc(sizeof(float) * scratch_floats(sh) * nt);
     if (!mem) return -2;
-#pragma omp parallel num_threads(nt)
-    {
-        Scratch w = scratch_at(mem, thread_id(), sh);
-#pragma omp for schedule(dynamic)
-        for (int bh = 0; bh < sh->B * sh->H; bh++) head(a, &w, bh);
+    Pool pool = {a, head, mem, 0};
+    Worker workers[8];
+    pthread_t tids[8];
+    int started = 0;
+    for (int t = 1; t < nt; t++) {  /* the calling thread is worker 0 */
+        workers[t] = (Worker){&pool, t};
+        if (pthread_create(&tids[t], NULL, work, &workers[t]) != 0) break;  /* fewer threads: still correct */
+        started = t;
     }
+    workers[0] = (Worker){&pool, 0};
+    work(&workers[0]);
+    for (int t = 1; t <= started; t++) pthread_join(tids[t], NULL);
     free(mem);
     return 0;
 }
-
 int b2b_attention_forward(const float *q, const long *qs, const float *k, const long *ks, const float *v,
                           const long *vs, const uint8_t *key_mask, long mask_b, int causal, int B, int H, int Tq,
                           int Tk, int D, float *out, float *lse) {

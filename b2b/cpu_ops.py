@@ -12,7 +12,7 @@ It needs the CPU device (a GPU has MLX's own fast kernels).
 
 The extension is built once per source version, MLX and Python version and machine into
 b2b's private cache folder (native.py), with CMake, nanobind (the version MLX itself was
-built with: its arrays must cross) and a C++ compiler with OpenMP; `main()` builds it ahead
+built with: its arrays must cross) and a C++ compiler; `main()` builds it ahead
 (setup.sh runs it), and the first use builds it otherwise (~30 s). Without those tools MLX's
 attention is used and `runtime_info()` says so.
 """

@@ -7,8 +7,8 @@ import pytest
 
 from b2b import B2BConfig, Bert2Bert, cpu_ops, fastmath
 
-pytestmark = pytest.mark.skipif(not cpu_ops.enabled(),
-                                reason="b2b's CPU kernels not built here (needs cmake, nanobind, a C++ compiler)")
+needs_kernels = pytest.mark.skipif(not cpu_ops.enabled(),
+                                   reason="b2b's CPU kernels not built here (needs cmake, nanobind, a C++ compiler)")
 
 
 def _reference(q, k, v, mask):
@@ -39,6 +39,7 @@ def _padding(B, Tk, seed=0):
     return mx.array(np.arange(Tk)[None, :] < lengths[:, None])[:, None, None, :]
 
 
+@needs_kernels
 @pytest.mark.parametrize(
     "shape, mask",
     [
@@ -70,6 +71,7 @@ def test_matches_mlx_forward_and_gradients(shape, mask):
         assert _rel(g, r) < 2e-5 and _rel(c, r) < 2e-5
 
 
+@needs_kernels
 def test_padding_keys_get_no_weight():
     """Changing a padded key's value must not change any output (a kernel that ignored the
     mask would mix it in)."""
@@ -81,6 +83,7 @@ def test_padding_keys_get_no_weight():
     assert not mx.allclose(out, cpu_ops.attention(q, k, v2, None)).item()
 
 
+@needs_kernels
 def test_steps_aside_where_it_does_not_apply():
     q, k, v = _inputs(1, 2, 4, 6, 32)
     assert cpu_ops.attention(q, k, v, mx.ones((4, 6), mx.bool_)) is None  # a full (Tq, Tk) mask
@@ -89,6 +92,7 @@ def test_steps_aside_where_it_does_not_apply():
     assert cpu_ops.attention(q.astype(mx.float16), k.astype(mx.float16), v, None) is None
 
 
+@needs_kernels
 def test_environment_switch(monkeypatch):
     import b2b
 
@@ -108,6 +112,7 @@ def _model():
     return model
 
 
+@needs_kernels
 @pytest.mark.parametrize("training", [False, True])
 def test_model_uses_it_and_matches(monkeypatch, training):
     """Every multi-query attention of the model goes through it, in inference and in a
@@ -139,3 +144,14 @@ def test_model_uses_it_and_matches(monkeypatch, training):
             assert float(mx.abs(g - r).max()) <= 1e-3 * float(mx.abs(r).max()) + 1e-8, name
     else:
         assert _rel(fused, plain) < 1e-5
+
+
+def test_built_where_its_tools_are():
+    """Where cmake, nanobind and a C++ compiler exist (setup.sh and CI install them) the
+    extension must build and load: a broken build must fail here, not skip everything above."""
+    import importlib.util
+    import shutil
+
+    if not (cpu_ops._cmake() and importlib.util.find_spec("nanobind") and (shutil.which("c++") or shutil.which("g++"))):
+        pytest.skip("no cmake / nanobind / C++ compiler here")
+    assert cpu_ops._module() is not None
