@@ -106,8 +106,9 @@ def enabled() -> bool:
 def attention(q: mx.array, k: mx.array, v: mx.array, mask) -> mx.array | None:
     """Softmax attention of scaled q (B, H, Tq, D) over k, v (B, H, Tk, D) with a mask as
     `fastmath.attention` takes it, or None when the kernel does not take these inputs."""
-    if not (q.ndim == k.ndim == v.ndim == 4 and q.dtype == k.dtype == v.dtype == mx.float32 and q.shape[-1] % 16 == 0):
-        return None
+    if not (q.ndim == k.ndim == v.ndim == 4 and q.dtype == k.dtype == v.dtype == mx.float32 and q.shape[-1] % 16 == 0
+            and k.shape == v.shape and q.shape[:2] == k.shape[:2] and q.shape[3] == k.shape[3]):
+        return None  # (no broadcasting over batch or heads)
     B, Tk = q.shape[0], k.shape[2]
     if mask is None or isinstance(mask, str):
         if mask not in (None, "causal"):

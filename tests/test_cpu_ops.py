@@ -87,6 +87,8 @@ def test_padding_keys_get_no_weight():
 def test_steps_aside_where_it_does_not_apply():
     q, k, v = _inputs(1, 2, 4, 6, 32)
     assert cpu_ops.attention(q, k, v, mx.ones((4, 6), mx.bool_)) is None  # a full (Tq, Tk) mask
+    qb, kb, vb = _inputs(2, 2, 4, 6, 32)
+    assert cpu_ops.attention(qb, kb[:1], vb[:1], None) is None  # K/V broadcast over the batch
     q8, k8, v8 = _inputs(1, 2, 4, 6, 8)
     assert cpu_ops.attention(q8, k8, v8, None) is None  # head size not a multiple of 16
     assert cpu_ops.attention(q.astype(mx.float16), k.astype(mx.float16), v, None) is None
@@ -155,3 +157,23 @@ def test_built_where_its_tools_are():
     if not (cpu_ops._cmake() and importlib.util.find_spec("nanobind") and (shutil.which("c++") or shutil.which("g++"))):
         pytest.skip("no cmake / nanobind / C++ compiler here")
     assert cpu_ops._module() is not None
+
+
+@needs_kernels
+def test_beam_search_on_the_mlx_decoding_path_is_unchanged(monkeypatch):
+    """With the C decoding step off, beam search runs MLX's compiled step, where an input's beams
+    are the queries of one attention (Tq = beams): the fused kernel serves it there."""
+    from b2b import DecodingConfig, generate
+
+    model = _model()
+    src = mx.array(np.random.default_rng(0).integers(5, 120, size=(2, 30)))
+    src_mask = mx.array((np.arange(30)[None, :] < np.array([[30], [17]])).astype(np.int32))
+    cfg = DecodingConfig(max_length=12, num_beams=3, no_repeat_ngram_size=0)
+    monkeypatch.setenv("B2B_CPU_STEP", "0")
+    calls = []
+    real = cpu_ops.attention
+    monkeypatch.setattr(cpu_ops, "attention", lambda *a: calls.append(a[0].shape[2]) or real(*a))
+    fused = [h.tokens for h in generate(model, src, src_mask, cfg)]
+    assert 3 in calls  # beams as queries
+    monkeypatch.setenv("B2B_CPU_ATTENTION", "0")
+    assert [h.tokens for h in generate(model, src, src_mask, cfg)] == fused
