@@ -69,10 +69,11 @@ def _make(path: str) -> None:
         shutil.copyfile(os.path.join(build, built[0]), path)
 
 
-def build() -> str | None:
-    """Path of the built extension (building it now if this version has none yet), or None."""
+def build(retry: bool = False) -> str | None:
+    """Path of the built extension (building it now if this version has none yet), or None;
+    `retry`: try again even after a failed build (see native.cached)."""
     key = (mx.__version__, sys.version.split()[0], sysconfig.get_config_var("EXT_SUFFIX") or "", "-march=native")
-    return native.cached(native.library_name(SOURCES[0], key, SOURCES[1:]), _make)
+    return native.cached(native.library_name(SOURCES[0], key, SOURCES[1:]), _make, retry)
 
 
 @lru_cache(maxsize=1)
@@ -127,8 +128,9 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask) -> mx.array | None:
 def main() -> None:
     """Build now and say what happened (setup.sh runs this)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger(native.__name__).setLevel(logging.DEBUG)  # why a build failed, with its output
     try:
-        path = build()
+        path = build(retry=True)
     except ImportError as e:
         path = None
         log.info("%s", e)

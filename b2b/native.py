@@ -62,25 +62,37 @@ def library_name(source: str, flags: tuple[str, ...], extra: tuple[str, ...] = (
     return f"{stem}-{digest.hexdigest()[:12]}-{platform.machine()}{suffix}"
 
 
-def cached(name: str, make: Callable[[str], None]) -> str | None:
+def cached(name: str, make: Callable[[str], None], retry: bool = False) -> str | None:
     """Path of the build `name` in the first private cache folder, made now by `make(path)` if
     it is not there yet (written to a temporary name, then renamed: a concurrent build of the
-    same version writes the same file), or None when `make` fails."""
+    same version writes the same file), or None when `make` fails. A failed compilation is
+    remembered beside it (`name.failed`, holding the error) so that later processes do not
+    retry a broken build at every start; `retry` (setup.sh's build) tries again. Missing tools
+    (OSError) are not remembered: installing them is enough."""
     for folder in _folders():
         if not _private_folder(folder):
             continue
         out = os.path.join(folder, name)
         if os.path.exists(out):
             return out
+        if os.path.exists(out + ".failed"):
+            if not retry:
+                return None
+            os.remove(out + ".failed")
         fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=folder)
         os.close(fd)
         try:
             make(tmp)
             os.replace(tmp, out)
             return out
-        except (OSError, subprocess.SubprocessError) as e:
+        except subprocess.SubprocessError as e:
             log.debug("Could not build %s: %s", name, e)
+            with open(out + ".failed", "w") as f:
+                f.write(f"{e}\n")
             return None  # a compiler that fails here fails in every folder
+        except OSError as e:
+            log.debug("Could not build %s: %s", name, e)
+            return None
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)

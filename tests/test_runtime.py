@@ -131,3 +131,34 @@ def test_a_folder_others_can_write_is_not_used(tmp_path):
     assert not native._private_folder(str(shared))
     private = tmp_path / "private"
     assert native._private_folder(str(private))
+
+
+def test_a_failed_build_is_remembered_until_retried(tmp_path, monkeypatch):
+    import subprocess
+
+    from b2b import native
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def broken(path):
+        calls.append(path)
+        raise subprocess.CalledProcessError(1, ["cc"])
+
+    assert native.cached("thing.so", broken) is None
+    assert native.cached("thing.so", broken) is None and len(calls) == 1  # not retried at every start
+    assert (tmp_path / "b2b" / "thing.so.failed").exists()
+
+    def works(path):
+        calls.append(path)
+        with open(path, "w") as f:
+            f.write("built")
+
+    out = native.cached("thing.so", works, retry=True)  # setup.sh's build tries again
+    assert out and open(out).read() == "built" and not (tmp_path / "b2b" / "thing.so.failed").exists()
+
+    def no_tools(path):
+        raise OSError("cmake not found")
+
+    assert native.cached("other.so", no_tools) is None
+    assert not (tmp_path / "b2b" / "other.so.failed").exists()  # installing the tool is enough
