@@ -4,11 +4,11 @@ for why). (A GELU kernel in C was tried too: no faster than fastmath's compiled 
 compiled training step, so it was dropped.)
 
 Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile` and
-`value_and_grad`, so training uses them as well as inference. Each function returns None
-where it does not apply, and `fastmath` then computes the same thing with MLX ops:
-- `attention(q, k, v, mask)` for scaled q: float32, head size a multiple of 16, a key-padding
-  mask, "causal" or no mask; off with B2B_CPU_ATTENTION=0.
-It needs the CPU device (a GPU has MLX's own fast kernels).
+`value_and_grad`, so training uses them as well as inference. `attention(q, k, v, mask)`
+(scaled q) returns None where it does not apply, and `fastmath` then computes the same thing
+with MLX ops. It applies on the CPU device (a GPU has MLX's own fast kernels) to float32, a
+head size that is a multiple of 16 and a key-padding mask, "causal" or no mask; off with
+B2B_CPU_ATTENTION=0.
 
 The extension is built once per source version, MLX and Python version and machine into
 b2b's private cache folder (native.py), with CMake, nanobind (the version MLX itself was
@@ -65,7 +65,7 @@ def _make(path: str) -> None:
                 raise subprocess.SubprocessError(f"{' '.join(cmd[:2])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
         built = [f for f in os.listdir(build) if f.startswith(MODULE) and f.endswith(".so")]
         if not built:
-            raise OSError("the build made no module")
+            raise subprocess.SubprocessError("the build made no module")
         shutil.copyfile(os.path.join(build, built[0]), path)
 
 
@@ -88,9 +88,10 @@ def _module():
         spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
-        # MLX's arrays cross only with a nanobind of the same ABI as MLX's own: check once.
-        x = mx.ones((1, 1, 2, 16))
-        mx.eval(module.attention(x, x, x, None, True))
+        # MLX's arrays cross only with a nanobind of the same ABI as MLX's own: a call (not
+        # evaluated: this may run inside an mx.compile trace) raises TypeError otherwise.
+        x = mx.zeros((1, 1, 2, 16))
+        module.attention(x, x, x, None, True)
         return module
     except Exception as e:  # ImportError, OSError, or TypeError from a nanobind ABI mismatch
         log.info("b2b's CPU kernels not used: %s", e)
@@ -122,7 +123,6 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask) -> mx.array | None:
     if not enabled():
         return None
     return _module().attention(q, k, v, key_mask, causal)
-
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ def _cpu_flags() -> bytes:
         return b""
 
 
-def library_name(source: str, flags: tuple[str, ...], extra: tuple[str, ...] = (), suffix: str = ".so") -> str:
+def library_name(source: str, flags: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
     """The build's file name: one per source version (`source` and any `extra` files), compiler
     flags and machine type."""
     digest = hashlib.sha256()
@@ -59,7 +59,7 @@ def library_name(source: str, flags: tuple[str, ...], extra: tuple[str, ...] = (
     if "-march=native" in flags:
         digest.update(_cpu_flags())
     stem = os.path.splitext(os.path.basename(source))[0]
-    return f"{stem}-{digest.hexdigest()[:12]}-{platform.machine()}{suffix}"
+    return f"{stem}-{digest.hexdigest()[:12]}-{platform.machine()}.so"
 
 
 def cached(name: str, make: Callable[[str], None], retry: bool = False) -> str | None:

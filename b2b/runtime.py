@@ -82,7 +82,8 @@ _load_fast_blas()
 
 
 def runtime_info() -> dict:
-    """MLX version, device, BLAS in use, whether decoding steps and attention run in C, and platform, for logs and the demo's model_info."""
+    """MLX version, device, BLAS in use, whether decoding steps and attention run in C, and
+    platform, for logs and the demo's model_info."""
     import mlx.core as mx
 
     from . import cpu_ops, cpu_step  # import mlx: only once mlx.core may load

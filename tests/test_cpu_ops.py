@@ -177,3 +177,20 @@ def test_beam_search_on_the_mlx_decoding_path_is_unchanged(monkeypatch):
     assert 3 in calls  # beams as queries
     monkeypatch.setenv("B2B_CPU_ATTENTION", "0")
     assert [h.tokens for h in generate(model, src, src_mask, cfg)] == fused
+
+
+@needs_kernels
+def test_first_use_inside_mx_compile_enables_it():
+    """A program whose first attention is inside mx.compile (a compiled training step) must get
+    the kernel: loading the extension may not evaluate anything (fresh process: the load is
+    cached per process)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import b2b, mlx.core as mx\nfrom b2b import cpu_ops\nq = mx.random.normal((1, 2, 4, 32))\n"
+            "out = mx.compile(lambda q: cpu_ops.attention(q, q, q, None))(q)\n"
+            "print(out is not None and cpu_ops._module() is not None)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
