@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+#include <typeinfo>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -82,9 +83,24 @@ mx::cpu::CommandEncoder& prepare(mx::Primitive& p, const std::vector<mx::array>&
   return enc;
 }
 
-class AttentionBackward : public mx::Primitive {
+// What both primitives share: the causal flag, CPU only, equal when of one kind and flag.
+class AttentionPrimitive : public mx::Primitive {
  public:
-  AttentionBackward(mx::Stream s, bool causal) : mx::Primitive(s), causal_(causal) {}
+  AttentionPrimitive(mx::Stream s, bool causal) : mx::Primitive(s), causal_(causal) {}
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("b2b attention runs on the CPU only");
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return typeid(*this) == typeid(other) && causal_ == static_cast<const AttentionPrimitive&>(other).causal_;
+  }
+
+ protected:
+  bool causal_;
+};
+
+class AttentionBackward : public AttentionPrimitive {
+ public:
+  using AttentionPrimitive::AttentionPrimitive;
 
   // inputs: q, k, v, out, lse, dout[, key_mask]; outputs: dq, dk, dv (contiguous).
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
@@ -103,21 +119,12 @@ class AttentionBackward : public mx::Primitive {
         throw std::runtime_error("b2b attention backward: out of memory");
     });
   }
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("b2b attention runs on the CPU only");
-  }
   const char* name() const override { return "B2BAttentionBackward"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    return causal_ == static_cast<const AttentionBackward&>(other).causal_;
-  }
-
- private:
-  bool causal_;
 };
 
-class AttentionForward : public mx::Primitive {
+class AttentionForward : public AttentionPrimitive {
  public:
-  AttentionForward(mx::Stream s, bool causal) : mx::Primitive(s), causal_(causal) {}
+  using AttentionPrimitive::AttentionPrimitive;
 
   // inputs: q, k, v[, key_mask]; outputs: out (B, H, Tq, D), lse (B, H, Tq, 1).
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
@@ -135,9 +142,6 @@ class AttentionForward : public mx::Primitive {
         throw std::runtime_error("b2b attention forward: out of memory");
     });
   }
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("b2b attention runs on the CPU only");
-  }
 
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
                              const std::vector<int>& argnums, const std::vector<mx::array>& outputs) override {
@@ -154,17 +158,11 @@ class AttentionForward : public mx::Primitive {
   }
 
   const char* name() const override { return "B2BAttention"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    return causal_ == static_cast<const AttentionForward&>(other).causal_;
-  }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override {
     auto lse = in[0].shape();
     lse.back() = 1;
     return {in[0].shape(), lse};
   }
-
- private:
-  bool causal_;
 };
 
 
