@@ -199,7 +199,13 @@ static float row_exp(const float *s, float shift, int n, float *p) {
  * its own stream thread, and a second OpenMP team beside the C decoding step's (called from
  * Python's thread) makes libgomp throttle every team's spin-waits: decoding steps went from
  * ~6 to ~10 ms. These threads exist only during a call. */
+static _Atomic int thread_limit = 0; /* b2b_set_threads; 0: no limit */
+
+void b2b_set_threads(int n) { atomic_store(&thread_limit, n < 0 ? 0 : n); }
+
 static int threads(void) {
+    int limit = atomic_load(&thread_limit);
+    if (limit > 0 && limit <= 8) return limit;
 #ifdef __linux__
     cpu_set_t set;  /* the CPUs this process may use (a container's, a taskset's) */
     long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);

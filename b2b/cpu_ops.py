@@ -1,6 +1,6 @@
 """b2b's C kernels for MLX's CPU backend as MLX primitives, in a small C++ extension
-(ext/ops.cpp): fused softmax attention, forward and backward (cpu_attention.c; see its header
-for why). (A GELU kernel in C was tried too: no faster than fastmath's compiled GELU inside a
+(ext/ops.cpp): fused softmax attention, forward and backward (cpu_attention.c), and LayerNorm,
+forward and backward (cpu_layernorm.c); see their headers for why. (A GELU kernel in C was tried too: no faster than fastmath's compiled GELU inside a
 compiled training step, so it was dropped.)
 
 Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile` and
@@ -36,7 +36,7 @@ from . import native
 log = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",)))
+SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",), ("cpu_layernorm.c",)))
 MODULE = "_b2b_ops"
 
 
@@ -98,10 +98,10 @@ def _module():
         return None
 
 
-def enabled() -> bool:
-    """Whether the fused attention runs: B2B_CPU_ATTENTION not 0, MLX on the CPU and the
-    extension built."""
-    off = os.environ.get("B2B_CPU_ATTENTION", "1").lower() in ("0", "false", "no", "off")
+def enabled(kernel: str = "attention") -> bool:
+    """Whether a kernel ("attention" or "layernorm") runs: B2B_CPU_ATTENTION / B2B_CPU_LAYERNORM
+    not 0, MLX on the CPU and the extension built."""
+    off = os.environ.get(f"B2B_CPU_{kernel.upper()}", "1").lower() in ("0", "false", "no", "off")
     return not off and mx.default_device() == mx.cpu and _module() is not None
 
 
@@ -125,6 +125,16 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask) -> mx.array | None:
     return _module().attention(q, k, v, key_mask, causal)
 
 
+def layer_norm(x: mx.array, weight: mx.array, bias: mx.array, eps: float) -> mx.array | None:
+    """LayerNorm of float32 x (..., C) over its last axis, or None when the kernel does not
+    take these inputs."""
+    if not (x.dtype == weight.dtype == bias.dtype == mx.float32 and x.ndim >= 1 and weight.shape == bias.shape == x.shape[-1:]):
+        return None
+    if not enabled("layernorm"):
+        return None
+    return _module().layer_norm(x, weight, bias, float(eps))
+
+
 def main() -> None:
     """Build now and say what happened (setup.sh runs this)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -135,3 +145,11 @@ def main() -> None:
         path = None
         log.info("%s", e)
     print(f"b2b's CPU kernels (fused attention): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
+
+
+def set_threads(n: int) -> None:
+    """At most `n` threads per attention call (0: one per core); for callers that run several
+    MLX CPU streams at once and want one thread each."""
+    module = _module()
+    if module is not None:
+        module.set_threads(int(n))

@@ -9,12 +9,21 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import fastmath
+from . import cpu_ops, fastmath
 from .cache import LayerCache, StaticLayerCache
 from .config import B2BConfig
 
 # A boolean mask (True = may attend), the string "causal", or None.
 Mask = Optional[mx.array | str]
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (same parameters and results), computed by b2b's C kernel on the CPU where
+    it applies (cpu_ops): MLX's composed LayerNorm is ~10x slower there, backward most."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        fused = cpu_ops.layer_norm(x, self.weight, self.bias, self.eps) if "weight" in self and "bias" in self else None
+        return fused if fused is not None else super().__call__(x)
 
 
 class Embeddings(nn.Module):
@@ -30,7 +39,7 @@ class Embeddings(nn.Module):
             object.__setattr__(self, "_shared_word", word)
         self.position = nn.Embedding(cfg.max_positions, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
     @property
@@ -128,9 +137,9 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: B2BConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
-        self.self_attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.self_attn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg)
-        self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.ffn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def __call__(self, x: mx.array, mask: Mask, return_weights: bool = False) -> tuple[mx.array, mx.array | None]:
@@ -150,11 +159,11 @@ class DecoderLayer(nn.Module):
         super().__init__()
         if not cfg.share_encoder_decoder:
             self.self_attn = Attention(cfg)
-            self.self_attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+            self.self_attn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
             self.ffn = FeedForward(cfg)
-            self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+            self.ffn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.cross_attn = Attention(cfg)
-        self.cross_attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.cross_attn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def __call__(

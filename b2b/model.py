@@ -11,7 +11,7 @@ import mlx.nn as nn
 from . import fastmath
 from .cache import DecoderCache, LayerCache
 from .config import B2BConfig
-from .layers import DecoderLayer, Embeddings, EncoderLayer
+from .layers import DecoderLayer, Embeddings, EncoderLayer, LayerNorm
 
 
 @dataclass
@@ -37,7 +37,7 @@ class LMHead(nn.Module):
     def __init__(self, cfg: B2BConfig):
         super().__init__()
         self.transform = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         if not cfg.tie_embeddings:
             self.projection = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.bias = mx.zeros((cfg.vocab_size,))

@@ -9,11 +9,13 @@ import numpy as np
 
 import b2b  # noqa: F401 - preloads the BLAS before mlx.core
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 
 from b2b import B2BConfig, Bert2Bert, DecodingConfig, generate
+from train.finetune import SummarizationTask
 from train.losses import mlm_loss, seq2seq_loss
+from train.pretrain import MLMTask
+from train.step import GradStep, auto_shards
 
 
 def load(folder: str) -> Bert2Bert:
@@ -36,22 +38,18 @@ class Side:
         x = self.x
         model = self.model = load(folder)
         if task == "mlm":
-            self.arrays = [mx.array(x[k]) for k in ("mlm_inputs", "mlm_mask", "mlm_positions", "mlm_labels", "mlm_weights")]
-            loss_fn = mlm_loss
+            arrays = [x[k] for k in ("mlm_inputs", "mlm_mask", "mlm_positions", "mlm_labels", "mlm_weights")]
+            loss_fn, counts = mlm_loss, MLMTask.aux_counts
         else:
-            self.arrays = [mx.array(x[k]) for k in ("ft_src", "ft_mask", "ft_tgt")]
-            loss_fn = seq2seq_loss
+            arrays = [x[k] for k in ("ft_src", "ft_mask", "ft_tgt")]
+            loss_fn, counts = seq2seq_loss, SummarizationTask.aux_counts
         model.eval()
-        check = float(loss_fn(model, *self.arrays)[0].item())  # no dropout: must equal HF's loss
+        check = float(loss_fn(model, *(mx.array(a) for a in arrays))[0].item())  # no dropout: must equal HF's loss
         model.train()
         optimizer = optim.AdamW(learning_rate=1e-4, weight_decay=0.01)
-        loss_and_grad = nn.value_and_grad(model, loss_fn)
+        shards = auto_shards(len(arrays[0]))
+        grad_step = self._grad_step = GradStep(model, loss_fn, shards, counts)  # train.loop's
         state = [model.state, optimizer.state, mx.random.state]
-
-        @partial(mx.compile, inputs=state, outputs=state)
-        def grad_step(*arrays):
-            (loss, aux), grads = loss_and_grad(model, *arrays)
-            return loss, aux, grads
 
         @partial(mx.compile, inputs=state, outputs=state)
         def apply_step(grads):
@@ -59,9 +57,10 @@ class Side:
             optimizer.update(model, grads)
             return norm
 
+        seeds = iter(range(1 << 30))
+
         def step() -> float:
-            loss, aux, grads = grad_step(*self.arrays)
-            mx.eval(loss, aux, grads)
+            loss, aux, grads = grad_step(next(seeds), *arrays)
             value = loss.item()
             [a.item() for a in aux]
             norm = apply_step(grads)
@@ -69,7 +68,7 @@ class Side:
             return value
 
         self._step, self._optimizer = step, optimizer
-        return {"eval_loss": check}
+        return {"eval_loss": check, "shards": shards}
 
     def train_step(self) -> dict:
         t = time.perf_counter()
@@ -77,7 +76,7 @@ class Side:
         return {"seconds": time.perf_counter() - t, "loss": loss}
 
     def teardown(self) -> None:
-        self.model = self._step = self._optimizer = self.arrays = None
+        self.model = self._step = self._optimizer = self._grad_step = None
         mx.clear_cache()
 
     # -- generation ----------------------------------------------------------------------------

@@ -194,3 +194,66 @@ def test_first_use_inside_mx_compile_enables_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
+
+
+# -- LayerNorm --------------------------------------------------------------------------------
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(3, 7, 48), (130, 384), (5,)])
+def test_layer_norm_matches_mlx_forward_and_gradients(shape):
+    mx.random.seed(1)
+    x = mx.random.normal(shape) * 3 + 2
+    w, b = mx.random.normal(shape[-1:]), mx.random.normal(shape[-1:])
+    c = mx.random.normal(shape)
+
+    def plain(x, w, b):
+        return mx.fast.layer_norm(x, w, b, 1e-12)
+
+    def fused(x, w, b):
+        return cpu_ops.layer_norm(x, w, b, 1e-12)
+
+    assert _rel(fused(x, w, b), plain(x, w, b)) < 1e-5
+    for fn in (lambda f: f, mx.compile):
+        grads = [fn(mx.grad(lambda x, w, b: (f(x, w, b) * c).sum(), argnums=(0, 1, 2)))(x, w, b) for f in (fused, plain)]
+        for g, r in zip(*grads):
+            assert _rel(g, r) < 1e-4
+
+
+@needs_kernels
+def test_layer_norm_reads_strided_inputs():
+    mx.random.seed(2)
+    x = mx.random.normal((6, 4, 32)).transpose(1, 0, 2)  # not row-contiguous
+    w, b = mx.ones((32,)), mx.zeros((32,))
+    assert _rel(cpu_ops.layer_norm(x, w, b, 1e-5), mx.fast.layer_norm(x, w, b, 1e-5)) < 1e-5
+
+
+@needs_kernels
+def test_layer_norm_steps_aside(monkeypatch):
+    x, w, b = mx.ones((2, 8)), mx.ones((8,)), mx.zeros((8,))
+    assert cpu_ops.layer_norm(x.astype(mx.float16), w.astype(mx.float16), b.astype(mx.float16), 1e-5) is None
+    assert cpu_ops.layer_norm(x, mx.ones((4,)), b, 1e-5) is None
+    monkeypatch.setenv("B2B_CPU_LAYERNORM", "0")
+    assert cpu_ops.layer_norm(x, w, b, 1e-5) is None and cpu_ops.enabled("attention")
+
+
+@needs_kernels
+def test_model_layer_norms_use_it_and_match(monkeypatch):
+    """Every LayerNorm of the model goes through the kernel; logits and gradients equal MLX's."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    model = _model()
+    src = mx.array(np.random.default_rng(0).integers(5, 120, size=(2, 24)))
+    tgt = mx.array(np.random.default_rng(1).integers(5, 120, size=(2, 9)))
+    mask = mx.ones(src.shape, dtype=mx.int32)
+    loss = nn.value_and_grad(model, lambda m: m(src, mask, tgt).square().mean())
+    calls = []
+    real = cpu_ops.layer_norm
+    monkeypatch.setattr(cpu_ops, "layer_norm", lambda *a: calls.append(1) or real(*a))
+    fused = loss(model)
+    assert len(calls) == 2 + 2 * 2 + 2 * 3 + 1  # two embeddings; 2 per encoder layer, 3 per decoder layer; LM head
+    monkeypatch.setenv("B2B_CPU_LAYERNORM", "0")
+    plain = loss(model)
+    assert _rel(fused[0], plain[0]) < 1e-5
+    for (name, g), (_, r) in zip(tree_flatten(fused[1]), tree_flatten(plain[1])):
+        assert float(mx.abs(g - r).max()) <= 1e-3 * float(mx.abs(r).max()) + 1e-8, name

@@ -73,6 +73,7 @@ class FinetuneSettings(TrainSettings):
 class SummarizationTask:
     name = "summarization"
     higher_is_better = True
+    aux_counts = (1,)  # seq2seq_loss: (loss, scored tokens)
 
     def __init__(self, s: FinetuneSettings, tokenizer: Tokenizer, max_positions: int):
         self.s, self.tok = s, tokenizer

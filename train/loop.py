@@ -27,6 +27,7 @@ from b2b import Bert2Bert, Tokenizer, runtime_info
 
 from .checkpoints import TrainerState, list_checkpoints, prune_checkpoints, restore, save_run_checkpoint
 from .settings import TrainSettings
+from .step import GradStep, auto_shards
 from .writer import MetricWriter
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Task(Protocol):
     name: str  # "mlm" or "summarization"
     metric: str  # "val/..." tag that picks the best checkpoint
     higher_is_better: bool
+    aux_counts: tuple[int, ...]  # indices of the loss's aux values that are counts (aux[1]: scored tokens)
 
     def prepare(self, model: Bert2Bert) -> None:
         """Freeze what this task does not train; called on the model the loop trains (after a resume, the restored one)."""
@@ -161,14 +163,9 @@ def run(
     model.train()
     s.save(run_dir)
 
-    loss_and_grad = nn.value_and_grad(model, task.loss)
+    shards = s.cpu_shards or auto_shards(s.batch_size)
+    grad_step = GradStep(model, task.loss, shards, task.aux_counts)
     mstate = [model.state, optimizer.state, mx.random.state]
-
-    @partial(mx.compile, inputs=mstate, outputs=mstate)
-    def grad_step(*arrays):
-        (loss, aux), grads = loss_and_grad(model, *arrays)
-        return loss, aux, grads
-
     grad_norm = mx.compile(global_norm)
 
     @partial(mx.compile, inputs=mstate, outputs=mstate)
@@ -228,10 +225,9 @@ def run(
             for _ in range(s.grad_accum):
                 if state.batch_in_epoch >= per_epoch * s.grad_accum:
                     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                # Dropout and masking depend only on (seed, step, micro-batch): resume is exact.
-                mx.random.seed(hash((s.seed, state.step, state.batch_in_epoch)) % (2**31))
+                # Dropout and masking depend only on (seed, step, micro-batch[, shards]): resume is exact.
                 batch = task.batch(state.epoch, state.batch_in_epoch, state.step)
-                loss, aux, grads = grad_step(*(mx.array(a) for a in batch.arrays))
+                loss, aux, grads = grad_step(hash((s.seed, state.step, state.batch_in_epoch)) % (2**31), *batch.arrays)
                 grads_sum = grads if grads_sum is None else tree_map(mx.add, grads_sum, grads)
                 mx.eval(loss, aux, grads_sum)
                 losses.append(loss.item())

@@ -55,6 +55,7 @@ class MLMTask:
     name = "mlm"
     metric = "val/loss"
     higher_is_better = False
+    aux_counts = (1, 2, 4)  # mlm_loss: (loss, scored tokens, correct, nsp loss, nsp correct)
 
     def __init__(self, s: PretrainSettings, tokenizer: Tokenizer):
         self.s, self.tok = s, tokenizer

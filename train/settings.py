@@ -52,6 +52,7 @@ class TrainSettings:
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its newest checkpoint; its settings.json gives the defaults, and flags that would change the data or model are refused"})
     max_bad_steps: int = field(default=5, metadata={"help": "consecutive non-finite losses or gradient norms before the run stops"})
     flush_secs: float = 2.0
+    cpu_shards: int = field(default=0, metadata={"help": "on the CPU, split each batch across this many threads, one core each (0: one per core; 1: off)"})
 
     def validate(self) -> None:
         """Raise ValueError with one sentence for settings that cannot work."""
@@ -73,6 +74,8 @@ class TrainSettings:
             raise ValueError("--eval-every and --save-every cannot be negative (0 turns periodic evaluation or saving off).")
         if self.keep_last < 1:
             raise ValueError("--keep-last must be at least 1: the newest checkpoint is what --resume continues from.")
+        if self.cpu_shards < 0:
+            raise ValueError("--cpu-shards cannot be negative (0 picks one per core).")
         if self.max_bad_steps < 1:
             raise ValueError("--max-bad-steps must be at least 1.")
         # Same names and aliases (fp16, bf16, ...) as b2b.save_checkpoint; int8 is for shipping only.

@@ -7,6 +7,7 @@
 // (B, H, Tk, D); key_mask (B or 1, Tk) bool or None. The forward primitive has a second
 // output, each row's log-normaliser (B, H, Tq, 1), which only the backward primitive reads.
 #include <cstring>
+#include <string>
 #include <optional>
 #include <stdexcept>
 #include <typeinfo>
@@ -30,6 +31,11 @@ int b2b_attention_backward(const float* q, const long* qs, const float* k, const
                            const long* vs, const uint8_t* key_mask, long mask_b, int causal, int B, int H, int Tq,
                            int Tk, int D, const float* out, const float* lse, const float* dout, const long* ds,
                            float* dq, float* dk, float* dv);
+void b2b_set_threads(int n);
+void b2b_layer_norm_forward(const float* x, const float* w, const float* b, long rows, int C, float eps, float* y,
+                            float* mean, float* rstd);
+int b2b_layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
+                            long rows, int C, float* dx, float* dw, float* db);
 }
 
 namespace {
@@ -83,16 +89,25 @@ mx::cpu::CommandEncoder& prepare(mx::Primitive& p, const std::vector<mx::array>&
   return enc;
 }
 
-// What both primitives share: the causal flag, CPU only, equal when of one kind and flag.
-class AttentionPrimitive : public mx::Primitive {
+// What every b2b primitive shares: CPU only; equal when of one kind and one setting.
+class CpuPrimitive : public mx::Primitive {
  public:
-  AttentionPrimitive(mx::Stream s, bool causal) : mx::Primitive(s), causal_(causal) {}
+  CpuPrimitive(mx::Stream s, float setting) : mx::Primitive(s), setting_(setting) {}
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("b2b attention runs on the CPU only");
+    throw std::runtime_error(std::string(name()) + " runs on the CPU only");
   }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return typeid(*this) == typeid(other) && causal_ == static_cast<const AttentionPrimitive&>(other).causal_;
+    return typeid(*this) == typeid(other) && setting_ == static_cast<const CpuPrimitive&>(other).setting_;
   }
+
+ protected:
+  float setting_;  // attention: causal (1) or not (0); layer norm: eps
+};
+
+// The attention primitives' setting is the causal flag.
+class AttentionPrimitive : public CpuPrimitive {
+ public:
+  AttentionPrimitive(mx::Stream s, bool causal) : CpuPrimitive(s, causal ? 1.f : 0.f), causal_(causal) {}
 
  protected:
   bool causal_;
@@ -165,6 +180,72 @@ class AttentionForward : public AttentionPrimitive {
   }
 };
 
+// LayerNorm over the last axis (../cpu_layernorm.c). Both primitives read row-contiguous
+// inputs (the wrapper makes them so); their setting is eps.
+class NormPrimitive : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+ protected:
+  float eps() const { return setting_; }
+};
+
+class LayerNormBackward : public NormPrimitive {
+ public:
+  using NormPrimitive::NormPrimitive;
+
+  // inputs: x, w, mean, rstd, dy; outputs: dx, dw, db.
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    const float *x = in[0].data<float>(), *w = in[1].data<float>(), *mean = in[2].data<float>(),
+                *rstd = in[3].data<float>(), *dy = in[4].data<float>();
+    float *dx = outs[0].data<float>(), *dw = outs[1].data<float>(), *db = outs[2].data<float>();
+    int C = in[0].shape(-1);
+    long rows = (long)(in[0].size() / C);
+    enc.dispatch([=]() {
+      if (b2b_layer_norm_backward(x, w, mean, rstd, dy, rows, C, dx, dw, db) != 0)
+        throw std::runtime_error("b2b layer_norm backward: out of memory");
+    });
+  }
+  const char* name() const override { return "B2BLayerNormBackward"; }
+};
+
+class LayerNormForward : public NormPrimitive {
+ public:
+  using NormPrimitive::NormPrimitive;
+
+  // inputs: x, w, b; outputs: y (x's shape), mean and rstd (x's shape without the last axis).
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    const float *x = in[0].data<float>(), *w = in[1].data<float>(), *b = in[2].data<float>();
+    float *y = outs[0].data<float>(), *mean = outs[1].data<float>(), *rstd = outs[2].data<float>();
+    int C = in[0].shape(-1);
+    long rows = (long)(in[0].size() / C);
+    float eps = this->eps();
+    enc.dispatch([=]() { b2b_layer_norm_forward(x, w, b, rows, C, eps, y, mean, rstd); });
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>& outputs) override {
+    // mean and rstd are internal (the Python function returns only y): their cotangents are
+    // zero and ignored.
+    auto dy = mx::contiguous(cotangents[0], false, stream());
+    auto grads = mx::array::make_arrays({primals[0].shape(), primals[1].shape(), primals[2].shape()},
+                                        {mx::float32, mx::float32, mx::float32},
+                                        std::make_shared<LayerNormBackward>(stream(), eps()),
+                                        {primals[0], primals[1], outputs[1], outputs[2], dy});
+    std::vector<mx::array> result;
+    for (int i : argnums) result.push_back(grads[i]);
+    return result;
+  }
+
+  const char* name() const override { return "B2BLayerNorm"; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override {
+    auto rows = in[0].shape();
+    rows.pop_back();
+    return {in[0].shape(), rows, rows};
+  }
+};
 
 }  // namespace
 
@@ -189,8 +270,24 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   return outs[0];
 }
 
+mx::array layer_norm(const mx::array& x, const mx::array& w, const mx::array& b, float eps) {
+  int C = x.ndim() ? x.shape(-1) : 0;
+  if (x.ndim() < 1 || x.dtype() != mx::float32 || w.dtype() != mx::float32 || b.dtype() != mx::float32 ||
+      w.shape() != mx::Shape{C} || b.shape() != mx::Shape{C} || C < 1)
+    throw std::invalid_argument("b2b layer_norm: float32 x (..., C) with weight and bias (C,)");
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto rows = x.shape();
+  rows.pop_back();
+  auto outs = mx::array::make_arrays(
+      {x.shape(), rows, rows}, {mx::float32, mx::float32, mx::float32}, std::make_shared<LayerNormForward>(s, eps),
+      {mx::contiguous(x, false, s), mx::contiguous(w, false, s), mx::contiguous(b, false, s)});
+  return outs[0];
+}
+
 NB_MODULE(_b2b_ops, m) {
   m.doc() = "b2b's C kernels for MLX's CPU backend, as MLX primitives";
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("key_mask").none(),
         nb::arg("causal"));
+  m.def("layer_norm", &layer_norm, nb::arg("x"), nb::arg("weight"), nb::arg("bias"), nb::arg("eps"));
+  m.def("set_threads", &b2b_set_threads, nb::arg("n"), "threads per attention call at most (0: one per core, up to 8)");
 }
