@@ -48,6 +48,8 @@ def _padding(B, Tk, seed=0):
         ((2, 2, 33, 50, 16), "causal"),  # cached: query i sees keys up to i + 17
         ((1, 2, 5, 70, 64), None),
         ((3, 2, 16, 16, 16), "broadcast"),
+        ((2, 2, 101, 90, 32), "padding"),  # several query blocks, the last one partial
+        ((1, 2, 130, 130, 32), "causal"),
     ],
 )
 def test_matches_mlx_forward_and_gradients(shape, mask):
