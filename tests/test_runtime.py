@@ -162,3 +162,14 @@ def test_a_failed_build_is_remembered_until_retried(tmp_path, monkeypatch):
 
     assert native.cached("other.so", no_tools) is None
     assert not (tmp_path / "b2b" / "other.so.failed").exists()  # installing the tool is enough
+
+
+def test_tune_malloc_applies_on_glibc_and_can_be_turned_off(monkeypatch):
+    import platform
+
+    from b2b import runtime
+
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert runtime.tune_malloc() is True
+    monkeypatch.setenv("B2B_TUNE_MALLOC", "0")
+    assert runtime.tune_malloc() is False
