@@ -26,6 +26,9 @@ VARIANTS = {
     "B2B_FAST_MATH=0 (MLX exp/erf/softmax)": {"B2B_FAST_MATH": "0"},
     "B2B_ATTN_CHUNK=inf (one score matrix)": {"B2B_ATTN_CHUNK": str(10**12)},
     "B2B_CPU_ATTENTION=0 (MLX attention ops)": {"B2B_CPU_ATTENTION": "0"},
+    "B2B_CPU_LAYERNORM=0 (MLX LayerNorm ops)": {"B2B_CPU_LAYERNORM": "0"},
+    "B2B_CPU_SHARDS=1 (training: one stream)": {"B2B_CPU_SHARDS": "1"},
+    "B2B_TUNE_MALLOC=0 (glibc defaults)": {"B2B_TUNE_MALLOC": "0"},
     "B2B_CPU_STEP=0 (compiled MLX decoding steps)": {"B2B_CPU_STEP": "0"},
     "B2B_COMPILE_DECODE=0 (eager decoding)": {"B2B_COMPILE_DECODE": "0"},
 }

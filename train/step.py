@@ -35,10 +35,11 @@ WEIGHT = 1
 
 
 def auto_shards(batch_size: int) -> int:
-    """One shard per core on the CPU (at most one per example); one on a GPU."""
+    """One shard per core on the CPU (B2B_CPU_SHARDS overrides the count), at most one per
+    example; one on a GPU."""
     if mx.default_device() != mx.cpu:
         return 1
-    return max(1, min(usable_cores(), batch_size))
+    return max(1, min(int(os.environ.get("B2B_CPU_SHARDS", 0)) or usable_cores(), batch_size))
 
 
 class _Shard(threading.Thread):
