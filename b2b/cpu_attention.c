@@ -6,7 +6,7 @@
  * at ~10 GFLOP/s: ~3 s of a ~9 s fine-tuning step. Here each (batch, head) pair is one task
  * for a small pool of threads, and a block of RB query rows goes through scores, softmax and
  * output while its (RB, Tk) tile is in cache; every product is the one register-blocked kernel
- * `gemm` (4 x 16 tile), exp is a vectorised polynomial. Same contract as fastmath._attention:
+ * `gemm` (6 x 16 register tiles), exp is a vectorised polynomial. Same contract as fastmath._attention:
  * q already scaled; returns the output and each row's log-normaliser, which the backward uses
  * to recompute the probabilities (flash-attention style: no (Tq, Tk) array is kept).
  *
@@ -32,6 +32,15 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 static inline v8 ld(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
 static inline void st(float *p, v8 x) { memcpy(p, &x, sizeof x); }
 static inline v8 bc(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+
+/* Keep two B vectors in registers: left to itself GCC folds them into the FMAs as memory
+ * operands, 8 loads where 2 do, and the product waits on the load ports (~1.4x). Only where a
+ * 32-byte vector fits one register (AVX); elsewhere a no-op. */
+#if defined(__x86_64__) && defined(__AVX__)
+#define IN_REGISTERS(a, b) __asm__("" : "+x"(a), "+x"(b))
+#else
+#define IN_REGISTERS(a, b) ((void)0)
+#endif
 
 /* Lanes of a where `keep` is all ones, else of b (C has no vector ?:). */
 static inline v8 vselect(v8i keep, v8 a, v8 b) {
@@ -72,7 +81,8 @@ static inline v8 vexp(v8 x) {
 
 /* C (M, N) (+)= A (M, K) . B (K, N). A is read by strides (as0 between rows, as1 along K), so a
  * transposed tile needs no copy; B and C rows are contiguous with strides ldb, ldc; N % 16 == 0.
- * 4 x 16 register tile: per k, two loads of B, four broadcasts of A, eight FMAs. */
+ * 6 x 16 register tiles (then 4 x 16, then single rows): per k, two loads of B, one broadcast
+ * of A per row, two FMAs per row. */
 static void gemm(int M, int N, int K, const float *A, long as0, long as1, const float *B, long ldb,
                  float *C, long ldc, int accumulate) {
     int i = 0;
@@ -84,7 +94,7 @@ static void gemm(int M, int N, int K, const float *A, long as0, long as1, const 
             const float *b = B + j;
             for (int k = 0; k < K; k++, b += ldb) {
                 v8 b0 = ld(b), b1 = ld(b + 8);
-                __asm__("" : "+x"(b0), "+x"(b1));  /* in registers: see below */
+                IN_REGISTERS(b0, b1);
                 const float *a = a0 + k * as1;
                 for (int r = 0; r < 6; r++) {
                     v8 x = bc(a[r * as0]);
@@ -107,9 +117,7 @@ static void gemm(int M, int N, int K, const float *A, long as0, long as1, const 
             const float *b = B + j;
             for (int k = 0; k < K; k++, b += ldb) {
                 v8 b0 = ld(b), b1 = ld(b + 8);
-                /* Keep b0, b1 in registers: left to itself GCC folds them into the FMAs as memory
-                 * operands, 8 loads where 2 do, and the loop waits on the load ports (~1.4x). */
-                __asm__("" : "+x"(b0), "+x"(b1));
+                IN_REGISTERS(b0, b1);
                 long o = k * as1;
                 v8 x0 = bc(a0[o]), x1 = bc(a1[o]), x2 = bc(a2[o]), x3 = bc(a3[o]);
                 c00 += x0 * b0; c01 += x0 * b1;

@@ -38,7 +38,7 @@ int b2b_layer_norm_backward(const float *restrict x, const float *restrict w, co
                             float *restrict dw, float *restrict db) {
     /* dw and db are summed over rows in double-width float accumulators per feature: a few
      * thousand rows of float32 terms would otherwise lose digits. (`omp simd`: vectorised sums,
- * compiled with -fopenmp-simd, no OpenMP runtime.) */
+     * compiled with -fopenmp-simd, no OpenMP runtime.) */
     double *restrict acc = calloc(2 * (size_t)C, sizeof(double));
     float *restrict xhat = malloc(sizeof(float) * C);
     if (!acc || !xhat) {

@@ -144,7 +144,7 @@ def main() -> None:
     except ImportError as e:
         path = None
         log.info("%s", e)
-    print(f"b2b's CPU kernels (fused attention): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
+    print(f"b2b's CPU kernels (fused attention, LayerNorm): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
 
 
 def set_threads(n: int) -> None:

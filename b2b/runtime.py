@@ -95,7 +95,8 @@ def usable_cores() -> int:
 def _blas_threads(n: int | None = None) -> int | None:
     """The preloaded BLAS's thread count, set to `n` first when given; None when unknown."""
     lib = _BLAS["lib"]
-    for get, set_ in (("openblas_get_num_threads", "openblas_set_num_threads"), ("mkl_get_max_threads", "mkl_set_num_threads")):
+    # (MKL's lowercase names are Fortran-style, taking pointers: its C-style names take ints.)
+    for get, set_ in (("openblas_get_num_threads", "openblas_set_num_threads"), ("MKL_Get_Max_Threads", "MKL_Set_Num_Threads")):
         if lib is not None and hasattr(lib, get):
             if n is not None:
                 getattr(lib, set_)(ctypes.c_int(n))
@@ -110,7 +111,8 @@ _threads_lock = threading.Lock()
 def cpu_threads(n: int) -> Iterator[None]:
     """Hold the BLAS and b2b's attention kernel to `n` threads each inside the block, for
     callers that run several MLX CPU streams at once (one thread each keeps the cores from
-    being oversubscribed); both are process-wide settings, restored on leaving."""
+    being oversubscribed). Both are process-wide: on leaving, the BLAS gets its previous count
+    back and the kernel its default (one thread per core). Not re-entrant."""
     from . import cpu_ops  # imports mlx: only once mlx.core may load
 
     with _threads_lock:

@@ -44,13 +44,15 @@ def test_shards_give_the_whole_batch_loss_and_gradients(shards):
         assert float(mx.abs(a - b).max()) <= 1e-4 * float(mx.abs(a).max()) + 1e-7, name
 
 
-def test_a_shard_error_reaches_the_caller_instead_of_hanging():
-    """One shard fails (the 2-row one of 3 + 2), the other must not wait for it forever."""
+@pytest.mark.parametrize("error", [ValueError, SystemExit])
+def test_a_shard_error_reaches_the_caller_instead_of_hanging(error):
+    """One shard fails (the 2-row one of 3 + 2), the other must not wait for it forever, and
+    the shard threads live on for the next step."""
     import threading
 
     def picky_loss(model, src, mask, tgt):
         if src.shape[0] == 2:
-            raise ValueError("this shard fails")
+            raise error("this shard fails")
         return seq2seq_loss(model, src, mask, tgt)
 
     step = GradStep(_model(), picky_loss, 2)
@@ -59,14 +61,16 @@ def test_a_shard_error_reaches_the_caller_instead_of_hanging():
     def call():
         try:
             step(0, *_batch(5))
-        except Exception as e:
+        except BaseException as e:
             caught.append(e)
 
     t = threading.Thread(target=call, daemon=True)
     t.start()
     t.join(60)
     assert not t.is_alive(), "the step hung"
-    assert len(caught) == 1 and "this shard fails" in str(caught[0])
+    assert len(caught) == 1 and isinstance(caught[0], error) and "this shard fails" in str(caught[0])
+    step = GradStep(_model(), seq2seq_loss, 2)
+    assert np.isfinite(step(0, *_batch())[0].item())  # the same threads, working
 
 
 def test_dropout_is_seeded():
@@ -101,6 +105,11 @@ def test_thread_limits_are_restored():
     assert runtime._blas_threads() == before
 
 
-def test_auto_shards_one_per_core_at_most_one_per_example():
+def test_auto_shards_one_per_core_at_most_one_per_example(monkeypatch):
+    monkeypatch.delenv("B2B_CPU_SHARDS", raising=False)
     assert auto_shards(1) == 1
-    assert auto_shards(64) == (runtime.usable_cores() if mx.default_device() == mx.cpu else 1)
+    assert auto_shards(4096) == (runtime.usable_cores() if mx.default_device() == mx.cpu else 1)
+    monkeypatch.setenv("B2B_CPU_SHARDS", "3")
+    assert auto_shards(8) == (3 if mx.default_device() == mx.cpu else 1)
+    monkeypatch.setenv("B2B_CPU_SHARDS", "many")
+    assert auto_shards(1) == 1

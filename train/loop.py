@@ -16,7 +16,6 @@ from functools import partial
 from typing import Callable, Protocol, Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map, tree_reduce

@@ -6,16 +6,20 @@ are multi-threaded (BLAS), but layer norms, dropout, residual adds, GELU and cro
 (~40 % of a fine-tuning step here) use one core. So on the CPU, `GradStep` splits the batch
 into one shard per core and computes each shard on its own Python thread with its own MLX
 stream, BLAS and attention kernel held to one thread each: every part of the step then runs
-on all cores (fine-tuning step, 2 cores: ~7.9 -> ~5 s with `runtime.tune_malloc`; see
-bench/README.md). Each thread builds and evaluates its own graph: evaluating two shards'
+on all cores (`python -m bench.ablate --quick --rows finetune`, 2 cores: a fine-tuning step
+x1.34 slower with one shard; see bench/README.md). Each thread builds and evaluates its own graph: evaluating two shards'
 graphs from one thread interleaves nothing (MLX schedules a graph's nodes in order, a few at
 a time), and in MLX 0.32 a stream belongs to the thread that made it.
 
 The shards' losses and gradients are averaged weighted by their scored tokens, so the result
 is the full batch's token mean, as without shards (up to float rounding); dropout differs.
+(MLM with --nsp: the next-sentence loss, a mean over examples, is weighted by masked tokens
+too, a slight difference from the whole batch's.) The shard count is one per core at each
+start: a run resumed on another machine keeps its data order but draws other dropout masks.
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -30,6 +34,8 @@ from mlx.utils import tree_map
 from b2b import Bert2Bert
 from b2b.runtime import cpu_threads, tune_malloc, usable_cores
 
+log = logging.getLogger(__name__)
+
 # A loss returns (loss, aux); aux[WEIGHT] is the number of scored tokens the loss averages over.
 WEIGHT = 1
 
@@ -39,7 +45,8 @@ def auto_shards(batch_size: int) -> int:
     example; one on a GPU."""
     if mx.default_device() != mx.cpu:
         return 1
-    return max(1, min(int(os.environ.get("B2B_CPU_SHARDS", 0)) or usable_cores(), batch_size))
+    wanted = os.environ.get("B2B_CPU_SHARDS", "")
+    return max(1, min(int(wanted) if wanted.isdigit() and int(wanted) > 0 else usable_cores(), batch_size))
 
 
 class _Shard(threading.Thread):
@@ -65,6 +72,7 @@ class _Shard(threading.Thread):
         with mx.stream(mx.new_stream(mx.cpu)):  # streams belong to their thread
             while True:
                 fn, seed, arrays, built, failures, results = self.jobs.get()
+                out = None
                 try:
                     with self.lock:
                         mx.random.seed(seed)
@@ -72,9 +80,10 @@ class _Shard(threading.Thread):
                         mx.eval(mx.random.state)
                     built.wait()  # every shard's graph is built: they start computing together
                     mx.eval(out)  # the heavy part, beside the other shards'
-                    results.put(out)
-                    del out, fn  # the caller's combination may then reuse the gradients' memory
-                except Exception as e:  # handed to the caller's thread
+                    box, out, fn = [out], None, None  # the caller takes the only reference: the
+                    results.put(box)  # combination may then reuse the gradients' memory
+                except BaseException as e:  # handed to the caller's thread; this one lives on
+                    out = fn = None
                     if not isinstance(e, threading.BrokenBarrierError):
                         failures.append(e)  # in the order they happened: the first is the cause
                     built.abort()  # the other shards stop waiting
@@ -89,6 +98,9 @@ class GradStep:
     the loss)."""
 
     def __init__(self, model: Bert2Bert, loss_fn: Callable, shards: int = 1, summed: Sequence[int] = (WEIGHT,)):
+        if shards > 1 and mx.default_device() != mx.cpu:
+            log.warning("%d CPU shards asked for on %s: one is used (shards are for the CPU).", shards, mx.default_device())
+            shards = 1
         self.shards, self.summed, self._model = shards, tuple(summed), model
         loss_and_grad = nn.value_and_grad(model, loss_fn)
         state = [model.state, mx.random.state]
@@ -124,6 +136,7 @@ class GradStep:
             outs = [r.get() for r in results]
         if failures:  # (a failed trace can leave the model unusable: the loop stops)
             raise failures[0]
+        outs = [box.pop() for box in outs]
         counts = [float(o[1][WEIGHT].item()) for o in outs]
         total = sum(counts)
         weights = [c / total for c in counts] if total > 0 else [1.0 / len(outs)] * len(outs)
