@@ -176,8 +176,8 @@ def run(
 
     writer = MetricWriter(run_dir, flush_secs=s.flush_secs, purge_step=state.step + 1 if s.resume else None)
     writer.hparams({"settings": vars(s), "model": model.config.to_dict(), "runtime": runtime_info(), "task": task.name})
-    log.info("Training %s: %d steps (%d per epoch), %.1fM parameters, BLAS %s.", task.name, total, per_epoch,
-             model.num_parameters() / 1e6, runtime_info()["blas"])
+    log.info("Training %s: %d steps (%d per epoch), %.1fM parameters, BLAS %s, %d batch shard%s.", task.name, total,
+             per_epoch, model.num_parameters() / 1e6, runtime_info()["blas"], grad_step.shards, "s" * (grad_step.shards > 1))
     bar = tqdm(total=total, initial=state.step, disable=not progress, dynamic_ncols=True, desc=task.name)
     window = {"tokens": 0, "time": 0.0, "loss": [], "aux": []}
     bad_kinds: list[str] = []  # what went non-finite in the current run of bad steps

@@ -6,10 +6,11 @@ are multi-threaded (BLAS), but layer norms, dropout, residual adds, GELU and cro
 (~40 % of a fine-tuning step here) use one core. So on the CPU, `GradStep` splits the batch
 into one shard per core and computes each shard on its own Python thread with its own MLX
 stream, BLAS and attention kernel held to one thread each: every part of the step then runs
-on all cores (`python -m bench.ablate --quick --rows finetune`, 2 cores: a fine-tuning step
-x1.34 slower with one shard; see bench/README.md). Each thread builds and evaluates its own graph: evaluating two shards'
-graphs from one thread interleaves nothing (MLX schedules a graph's nodes in order, a few at
-a time), and in MLX 0.32 a stream belongs to the thread that made it.
+on all cores (`python -m bench.ablate --quick --rows finetune`, 2 cores: a fine-tuning step is
+x1.34 slower with one shard; see bench/README.md). Each thread builds and evaluates its own
+graph: evaluating two shards' graphs from one thread interleaves little (MLX schedules a
+graph's nodes in order, a few at a time), and in MLX 0.32 a stream belongs to the thread that
+made it.
 
 The shards' losses and gradients are averaged weighted by their scored tokens, so the result
 is the full batch's token mean, as without shards (up to float rounding); dropout differs.
