@@ -1,14 +1,16 @@
 """b2b's C kernels for MLX's CPU backend as MLX primitives, in a small C++ extension
 (ext/ops.cpp): fused softmax attention, forward and backward (cpu_attention.c), and LayerNorm,
-forward and backward (cpu_layernorm.c); see their headers for why. (A GELU kernel in C was tried too: no faster than fastmath's compiled GELU inside a
-compiled training step, so it was dropped.)
+forward and backward (cpu_layernorm.c); see their headers for why. (A GELU kernel in C was
+tried too: no faster than fastmath's compiled GELU inside a compiled training step, so it was
+dropped.)
 
 Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile` and
 `value_and_grad`, so training uses them as well as inference. `attention(q, k, v, mask)`
 (scaled q) returns None where it does not apply, and `fastmath` then computes the same thing
 with MLX ops. It applies on the CPU device (a GPU has MLX's own fast kernels) to float32, a
 head size that is a multiple of 16 and a key-padding mask, "causal" or no mask; off with
-B2B_CPU_ATTENTION=0.
+B2B_CPU_ATTENTION=0. `layer_norm` likewise (float32, with weight and bias; off with
+B2B_CPU_LAYERNORM=0); `set_threads` caps the attention kernel's threads (train/step.py).
 
 The extension is built once per source version, MLX and Python version and machine into
 b2b's private cache folder (native.py), with CMake, nanobind (the version MLX itself was
@@ -135,6 +137,13 @@ def layer_norm(x: mx.array, weight: mx.array, bias: mx.array, eps: float) -> mx.
     return _module().layer_norm(x, weight, bias, float(eps))
 
 
+def set_threads(n: int) -> None:
+    """At most `n` threads per attention call (0: one per core); for callers that run several
+    MLX CPU streams at once and want one thread each."""
+    module = _module()
+    if module is not None:
+        module.set_threads(int(n))
+
 def main() -> None:
     """Build now and say what happened (setup.sh runs this)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -146,10 +155,3 @@ def main() -> None:
         log.info("%s", e)
     print(f"b2b's CPU kernels (fused attention, LayerNorm): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
 
-
-def set_threads(n: int) -> None:
-    """At most `n` threads per attention call (0: one per core); for callers that run several
-    MLX CPU streams at once and want one thread each."""
-    module = _module()
-    if module is not None:
-        module.set_threads(int(n))

@@ -164,6 +164,7 @@ def runtime_info() -> dict:
         "gemv_shim": _BLAS["gemv_shim"],
         "cpu_step": cpu_step.available(),
         "cpu_attention": cpu_ops.enabled(),
+        "cpu_layernorm": cpu_ops.enabled("layernorm"),
         "platform": f"{platform.system()} {platform.machine()}",
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),

@@ -234,8 +234,12 @@ def test_layer_norm_steps_aside(monkeypatch):
     x, w, b = mx.ones((2, 8)), mx.ones((8,)), mx.zeros((8,))
     assert cpu_ops.layer_norm(x.astype(mx.float16), w.astype(mx.float16), b.astype(mx.float16), 1e-5) is None
     assert cpu_ops.layer_norm(x, mx.ones((4,)), b, 1e-5) is None
+    import b2b
+
+    assert b2b.runtime_info()["cpu_layernorm"] is True
     monkeypatch.setenv("B2B_CPU_LAYERNORM", "0")
     assert cpu_ops.layer_norm(x, w, b, 1e-5) is None and cpu_ops.enabled("attention")
+    assert b2b.runtime_info()["cpu_layernorm"] is False
 
 
 @needs_kernels
