@@ -5,7 +5,9 @@ Loading an optimized BLAS that exports `cblas_sgemm` with RTLD_GLOBAL *before* M
 imported makes the dynamic linker resolve MLX's BLAS calls to it (~200 GFLOP/s measured).
 With OpenBLAS, a small `cblas_sgemm` shim (gemv_shim.c, compiled once with the system C
 compiler) goes in front of it so that one-row products (decoding steps) skip sgemm's packing.
-This module is imported first by `b2b/__init__.py`, so `import b2b` is enough.
+An OpenBLAS that does not know the CPU model would run generic SSE3 kernels: `openblas_core`
+chooses its kernel family first. This module is imported first by `b2b/__init__.py`, so
+`import b2b` is enough.
 """
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from . import gemv_shim
+from . import gemv_shim, openblas_core
 
 log = logging.getLogger(__name__)
 
-_BLAS: dict = {"name": "unknown", "path": None, "gemv_shim": False, "lib": None}
+_BLAS: dict = {"name": "unknown", "path": None, "gemv_shim": False, "lib": None, "core": None, "core_forced": None}
 
 
 def _linux_candidates() -> list[tuple[str, str]]:
@@ -63,6 +65,8 @@ def _load_fast_blas() -> None:
         _BLAS.update(name="mlx-builtin (B2B_BLAS=none)", path=None)
         return
     for name, path in _linux_candidates():
+        # Before the load: OpenBLAS picks its kernels once, when it is loaded.
+        forced = openblas_core.choose(path) if "openblas" in os.path.basename(path).lower() else None
         try:
             lib = ctypes.CDLL(path)  # local first: only a library with cblas_sgemm is made global
             lib.cblas_sgemm  # noqa: B018 - raises AttributeError when the symbol is absent
@@ -70,6 +74,8 @@ def _load_fast_blas() -> None:
             continue
         if hasattr(lib, "openblas_get_config"):  # OpenBLAS, also when named by B2B_BLAS
             _BLAS["gemv_shim"] = gemv_shim.install(lib)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            _BLAS.update(core=lib.openblas_get_corename().decode(errors="replace"), core_forced=forced)
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # promoted to the global scope, after the shim
         _BLAS.update(name=name, path=os.path.realpath(path), lib=lib)
         return
@@ -161,6 +167,8 @@ def runtime_info() -> dict:
         "metal": bool(mx.metal.is_available()) if hasattr(mx, "metal") else False,
         "blas": _BLAS["name"],
         "blas_path": _BLAS["path"],
+        "blas_core": _BLAS["core"],  # OpenBLAS's kernel family (e.g. SkylakeX, Haswell)
+        "blas_core_forced": _BLAS["core_forced"],  # set by b2b: OpenBLAS did not know this CPU
         "gemv_shim": _BLAS["gemv_shim"],
         "cpu_step": cpu_step.available(),
         "cpu_attention": cpu_ops.enabled(),
