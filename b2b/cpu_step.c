@@ -43,32 +43,154 @@ static float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-/* y (R, out) = x (R, in) W^T + b, on every core: each thread takes a block of W's rows and
- * reads each row once for all the rows of x (four at a time, so a row's loads serve four
- * products). The products are memory-bound: W is read once from DRAM per call. */
-static void linear(const float *x, int R, int in, int out, const float *W, const float *b, float *y) {
-#pragma omp parallel for schedule(static) num_threads(threads())
-    for (int o = 0; o < out; o++) {
-        const float *w = W + (size_t)o * in;
-        float bias = b ? b[o] : 0.0f;
-        int r = 0;
-        for (; r + 4 <= R; r += 4) {
-            const float *x0 = x + (size_t)r * in, *x1 = x0 + in, *x2 = x1 + in, *x3 = x2 + in;
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-            for (int i = 0; i < in; i++) {
-                s0 += w[i] * x0[i];
-                s1 += w[i] * x1[i];
-                s2 += w[i] * x2[i];
-                s3 += w[i] * x3[i];
-            }
-            y[(size_t)r * out + o] = s0 + bias;
-            y[(size_t)(r + 1) * out + o] = s1 + bias;
-            y[(size_t)(r + 2) * out + o] = s2 + bias;
-            y[(size_t)(r + 3) * out + o] = s3 + bias;
-        }
-        for (; r < R; r++) y[(size_t)r * out + o] = dot(w, x + (size_t)r * in, in) + bias;
+/* Vectors of VW floats, as wide as the CPU's registers (GCC/Clang vector extension: portable,
+ * and unaligned loads through memcpy). */
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+typedef float vf __attribute__((vector_size(VW * sizeof(float))));
+
+static inline vf load(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Float16 copies of weight matrices (see cpu_step.py: only where they hold the same values)
+ * halve the bytes a step streams from memory; products still add up in float32. Where the
+ * compiler has no fast float16 -> float32 conversion, none are used (b2b_half_supported). */
+#if defined(__F16C__) && (VW == 16 || VW == 8)
+#include <immintrin.h>
+#define HALF 1
+typedef unsigned short hf;
+static inline vf load_h(const hf *p) { /* intrinsics: GCC 12 scalarizes __builtin_convertvector here */
+#if VW == 16
+    return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#endif
+}
+static inline float half_to_float(hf h) { return _cvtsh_ss(h); }
+#elif defined(__aarch64__)
+#define HALF 1
+typedef __fp16 hf;
+typedef __fp16 vh __attribute__((vector_size(VW * sizeof(__fp16))));
+static inline vf load_h(const hf *p) {
+    vh v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, vf);
+}
+static inline float half_to_float(hf h) { return (float)h; }
+#else
+#define HALF 0
+typedef unsigned short hf; /* never read */
+static inline vf load_h(const hf *p) { (void)p; return (vf){0}; }
+static inline float half_to_float(hf h) { (void)h; return 0.0f; }
+#endif
+
+int b2b_half_supported(void) { return HALF; }
+
+/* dst = float16 of src (n values); returns 1 when every value survives the round trip (the copy
+ * can stand in for src), else 0. Rounding to nearest even, as numpy's astype. */
+int b2b_to_half(const float *src, hf *dst, long n) {
+#if HALF && defined(__F16C__)
+    int exact = 1;
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(src + i);
+        __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *)(dst + i), h);
+        __m256 back = _mm256_cvtph_ps(h);
+        exact &= _mm256_movemask_ps(_mm256_cmp_ps(back, v, _CMP_EQ_OQ)) == 0xff;
     }
+    for (; i < n; i++) {
+        dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        exact &= _cvtsh_ss(dst[i]) == src[i];
+    }
+    return exact;
+#elif HALF
+    int exact = 1;
+    for (long i = 0; i < n; i++) {
+        dst[i] = (hf)src[i];
+        exact &= (float)dst[i] == src[i];
+    }
+    return exact;
+#else
+    (void)src, (void)dst, (void)n;
+    return 0;
+#endif
+}
+
+static inline float hsum(vf v) {
+    float s = 0.0f;
+    for (int i = 0; i < VW; i++) s += v[i];
+    return s;
+}
+
+static inline float gelu(float v) { return 0.5f * v * (1.0f + erff(v * (float)M_SQRT1_2)); }
+
+/* NR rows of x times NO rows of W (from o0), into y: an NR x NO register tile, so each load of a
+ * weight vector serves NR products and each load of x serves NO. NR and NO are constants at
+ * every call (always inlined): the loops unroll and the tile stays in registers. */
+static inline __attribute__((always_inline)) void tile(const float *x, int in, int out, const float *W, const hf *Wh,
+                                                       const float *b, float *y, int r0, int o0, int NR, int NO,
+                                                       int act, int half) {
+    vf acc[4][4];
+    for (int r = 0; r < NR; r++)
+        for (int k = 0; k < NO; k++) acc[r][k] = (vf){0};
+    int i = 0;
+    for (; i + VW <= in; i += VW) {
+        vf w[4];
+        for (int k = 0; k < NO; k++) w[k] = half ? load_h(Wh + (size_t)(o0 + k) * in + i) : load(W + (size_t)(o0 + k) * in + i);
+        for (int r = 0; r < NR; r++) {
+            vf xv = load(x + (size_t)(r0 + r) * in + i);
+            for (int k = 0; k < NO; k++) acc[r][k] += w[k] * xv;
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int k = 0; k < NO; k++) {
+            const float *w = W + (size_t)(o0 + k) * in, *xr = x + (size_t)(r0 + r) * in;
+            float s = hsum(acc[r][k]) + (b ? b[o0 + k] : 0.0f);
+            for (int j = i; j < in; j++) s += (half ? half_to_float(Wh[(size_t)(o0 + k) * in + j]) : w[j]) * xr[j];
+            y[(size_t)(r0 + r) * out + o0 + k] = act ? gelu(s) : s;
+        }
+}
+
+/* Output tile widths: 4 x 4 accumulators fit in AVX-512's 32 registers, 4 x 2 in AVX2's 16. */
+#define NO4 (VW == 16 ? 4 : 2)
+
+/* y (R, out) = x (R, in) W^T + b, then GELU when `act`, on every core: each thread takes a block
+ * of W's rows and reads each once for all the rows of x, four rows at a time. With one row (a
+ * greedy step) the product is memory-bound; with beams, load-bound without the register tile.
+ * W is read from its float16 copy Wh when there is one. */
+static inline __attribute__((always_inline)) void linear_as(const float *x, int R, int in, int out, const float *W,
+                                                            const hf *Wh, const float *b, float *y, int act, int half) {
+    const int OT = 4, blocks = (out + OT - 1) / OT;
+#pragma omp parallel for schedule(static) num_threads(threads())
+    for (int ob = 0; ob < blocks; ob++) {
+        const int o0 = ob * OT;
+        if (o0 + OT > out) { /* the last, partial block: one output at a time */
+            for (int o = o0; o < out; o++)
+                for (int r = 0; r < R; r++) tile(x, in, out, W, Wh, b, y, r, o, 1, 1, act, half);
+            continue;
+        }
+        int r = 0;
+        for (; r + 4 <= R; r += 4)
+            for (int o = o0; o < o0 + OT; o += NO4) tile(x, in, out, W, Wh, b, y, r, o, 4, NO4, act, half);
+        for (; r < R; r++) tile(x, in, out, W, Wh, b, y, r, o0, 1, 4, act, half);
+    }
+}
+
+static void linear(const float *x, int R, int in, int out, const float *W, const hf *Wh, const float *b, float *y,
+                   int act) {
+    if (HALF && Wh)
+        linear_as(x, R, in, out, W, Wh, b, y, act, 1);
+    else
+        linear_as(x, R, in, out, W, NULL, b, y, act, 0);
 }
 
 static void layer_norm(float *x, int R, int C, const float *g, const float *b, float eps) {
@@ -86,26 +208,67 @@ static void add_into(float *x, const float *h, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += h[i];
 }
 
-/* Softmax attention of nq queries (rows `stride` apart) over the same n keys/values (n, D):
- * each key is read once for all of them (the beams of one input share its cross-attention
- * K/V). mask[j] == 0 hides key j; nothing visible gives zeros (as the MLX path does).
- * `scores` holds nq * n floats. */
-static void attend(const float *q, int nq, size_t stride, const float *K, const float *Vals, int n, int D,
-                   float scale, const unsigned char *mask, float *scores, float *out) {
-    for (int j = 0; j < n; j++) {
-        const float *k = K + (size_t)j * D;
-        for (int t = 0; t < nq; t++)
-            scores[(size_t)t * n + j] = (mask && !mask[j]) ? -INFINITY : dot(q + t * stride, k, D) * scale;
+/* e^x for a vector, to ~2e-7 relative (Cody-Waite reduction, degree-6 Taylor on |f| <= ln2/2);
+ * 0 below -87 (where expf is subnormal or 0). libm's expf is scalar: a step ran ~150k of them. */
+typedef int vi __attribute__((vector_size(VW * sizeof(int))));
+
+static inline vf vexp(vf x) {
+    const vf hi = (vf){0} + 88.0f, lo = (vf){0} + -87.0f;
+    const vi over = x > hi, under = x < lo;
+    x = (vf)(((vi)x & ~over) | ((vi)hi & over));
+    x = (vf)(((vi)x & ~under) | ((vi)lo & under));
+    const vf r = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
+    const vf f = x - r * 0.693145751953125f - r * 1.428606765330187e-06f;
+    const vf p = 1.0f + f * (1.0f + f * (0.5f + f * (1.6666667e-1f + f * (4.1666668e-2f + f * (8.3333338e-3f + f * 1.3888889e-3f)))));
+    const vi scale = (__builtin_convertvector(r, vi) + 127) << 23; /* 2^r */
+    return (vf)((vi)(p * (vf)scale) & ~under);
+}
+
+/* s[j] = exp(s[j] - max s) / sum, in place; nothing visible (all -inf) gives zeros. */
+static void softmax_row(float *s, int n) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+    if (m == -INFINITY) {
+        memset(s, 0, sizeof(float) * n);
+        return;
     }
+    int j = 0;
+    vf acc = (vf){0};
+    for (; j + VW <= n; j += VW) {
+        vf e = vexp(load(s + j) - m);
+        memcpy(s + j, &e, sizeof e);
+        acc += e;
+    }
+    sum = hsum(acc);
+    for (; j < n; j++) sum += (s[j] = expf(s[j] - m));
+    const float inv = 1.0f / sum;
+    for (j = 0; j < n; j++) s[j] *= inv;
+}
+
+/* Softmax attention of nq queries (rows `stride` apart) over the same n keys/values: each key
+ * is read once for all of them (the beams of one input share its cross-attention K/V). Keys
+ * come as (n, D), or transposed (D, n) when `kt` (the cross-attention's: the scores are then
+ * vector products over keys instead of n short dot products). mask[j] == 0 hides key j;
+ * nothing visible gives zeros (as the MLX path does). `scores` holds nq * n floats. */
+static void attend(const float *q, int nq, size_t stride, const float *K, int kt, const float *Vals, int n, int D,
+                   float scale, const unsigned char *mask, float *scores, float *out) {
     for (int t = 0; t < nq; t++) {
-        float *s = scores + (size_t)t * n, m = -INFINITY, sum = 0.0f;
-        for (int j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
-        for (int j = 0; j < n; j++) {
-            s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - m);
-            sum += s[j];
+        float *s = scores + (size_t)t * n;
+        const float *qt = q + t * stride;
+        if (kt) {
+            memset(s, 0, sizeof(float) * n);
+            for (int d = 0; d < D; d++) {
+                const float qd = qt[d] * scale, *row = K + (size_t)d * n;
+#pragma omp simd
+                for (int j = 0; j < n; j++) s[j] += qd * row[j];
+            }
+        } else {
+            for (int j = 0; j < n; j++) s[j] = dot(qt, K + (size_t)j * D, D) * scale;
         }
-        float inv = m == -INFINITY ? 0.0f : 1.0f / sum;
-        for (int j = 0; j < n; j++) s[j] *= inv;
+        if (mask)
+            for (int j = 0; j < n; j++)
+                if (!mask[j]) s[j] = -INFINITY;
+        softmax_row(s, n);
         memset(out + t * stride, 0, sizeof(float) * D);
     }
     for (int j = 0; j < n; j++) {
@@ -118,22 +281,29 @@ static void attend(const float *q, int nq, size_t stride, const float *K, const 
     }
 }
 
+/* Log-softmax of each row, in place, one row per thread. */
 static void log_softmax_rows(float *y, int R, int V) {
-    for (int r = 0; r < R; r++, y += V) {
-        float m = -INFINITY, sum = 0.0f;
-        for (int v = 0; v < V; v++) m = y[v] > m ? y[v] : m;
-        for (int v = 0; v < V; v++) sum += expf(y[v] - m);
-        float lse = m + logf(sum);
-        for (int v = 0; v < V; v++) y[v] -= lse;
+#pragma omp parallel for schedule(static) num_threads(threads())
+    for (int r = 0; r < R; r++) {
+        float *row = y + (size_t)r * V, m = -INFINITY, sum = 0.0f;
+        for (int v = 0; v < V; v++) m = row[v] > m ? row[v] : m;
+        int v = 0;
+        vf acc = (vf){0};
+        for (; v + VW <= V; v += VW) acc += vexp(load(row + v) - m);
+        sum = hsum(acc);
+        for (; v < V; v++) sum += expf(row[v] - m);
+        const float lse = m + logf(sum);
+        for (v = 0; v < V; v++) row[v] -= lse;
     }
 }
 
 /* Logits (or log-probabilities) out (R, V) for tokens (R,) at `position`, writing this step's
  * self-attention keys/values into keys[l] / values[l] (R, H, capacity, D) at `position`.
- * cross_k[l] / cross_v[l]: (B, H, S, D); src_mask (B, S) bytes (1 = real) or NULL.
+ * cross_kt[l]: (B, H, D, S) (keys transposed), cross_v[l]: (B, H, S, D); src_mask (B, S) bytes (1 = real) or NULL. PH: NULL, or
+ * float16 copies laid out as P (NULL entries: read the float32 matrix).
  * Returns 0, or -1 for a bad position or rows, -2 when memory runs out. */
-int b2b_decode_step(const int *dims, float eps, const float *const *P, int R, int B, const int *tokens, int position,
-                    float *const *keys, float *const *values, const float *const *cross_k,
+int b2b_decode_step(const int *dims, float eps, const float *const *P, const hf *const *PH, int R, int B, const int *tokens, int position,
+                    float *const *keys, float *const *values, const float *const *cross_kt,
                     const float *const *cross_v, int S, const unsigned char *src_mask, int log_probs, float *out) {
     const int C = dims[DIM_C], H = dims[DIM_H], D = dims[DIM_D], F = dims[DIM_F], V = dims[DIM_V];
     const int L = dims[DIM_L], cap = dims[DIM_CAP];
@@ -155,10 +325,12 @@ int b2b_decode_step(const int *dims, float eps, const float *const *P, int R, in
 
     for (int l = 0; l < L; l++) {
         const float *const *W = P + GLOBALS + (size_t)l * PER_LAYER;
+        const hf *const *WHL = PH ? PH + GLOBALS + (size_t)l * PER_LAYER : NULL;
+#define WH(i) (WHL ? WHL[i] : NULL)
         /* Causal self-attention: this token's K/V into the cache, then attend to positions 0..position. */
-        linear(x, R, C, C, W[Q_W], W[Q_B], q);
-        linear(x, R, C, C, W[K_W], W[K_B], kv);
-        linear(x, R, C, C, W[V_W], W[V_B], kv + (size_t)R * C);
+        linear(x, R, C, C, W[Q_W], WH(Q_W), W[Q_B], q, 0);
+        linear(x, R, C, C, W[K_W], WH(K_W), W[K_B], kv, 0);
+        linear(x, R, C, C, W[V_W], WH(V_W), W[V_B], kv + (size_t)R * C, 0);
         for (int r = 0; r < R; r++)
             for (int hd = 0; hd < H; hd++) {
                 size_t at = (((size_t)r * H + hd) * cap + position) * D;
@@ -169,40 +341,38 @@ int b2b_decode_step(const int *dims, float eps, const float *const *P, int R, in
         for (int rh = 0; rh < R * H; rh++) {
             int r = rh / H, hd = rh % H;
             size_t base = (size_t)rh * cap * D;
-            attend(q + (size_t)r * C + hd * D, 1, C, keys[l] + base, values[l] + base, position + 1, D, scale, NULL,
+            attend(q + (size_t)r * C + hd * D, 1, C, keys[l] + base, 0, values[l] + base, position + 1, D, scale, NULL,
                    scores + (size_t)omp_get_thread_num() * beams * span, att + (size_t)r * C + hd * D);
         }
-        linear(att, R, C, C, W[O_W], W[O_B], h);
+        linear(att, R, C, C, W[O_W], WH(O_W), W[O_B], h, 0);
         add_into(x, h, (size_t)R * C);
         layer_norm(x, R, C, W[N1_G], W[N1_B], eps);
 
         /* Cross-attention to the input's encoder states (K/V shared by its beams). */
-        linear(x, R, C, C, W[CQ_W], W[CQ_B], q);
+        linear(x, R, C, C, W[CQ_W], WH(CQ_W), W[CQ_B], q, 0);
 #pragma omp parallel for schedule(static) num_threads(threads())
         for (int bh = 0; bh < B * H; bh++) {
             int b = bh / H, hd = bh % H;
             size_t base = (size_t)bh * S * D, row = (size_t)b * beams * C + hd * D;
-            attend(q + row, beams, C, cross_k[l] + base, cross_v[l] + base, S, D, scale,
+            attend(q + row, beams, C, cross_kt[l] + base, 1, cross_v[l] + base, S, D, scale,
                    src_mask ? src_mask + (size_t)b * S : NULL, scores + (size_t)omp_get_thread_num() * beams * span,
                    att + row);
         }
-        linear(att, R, C, C, W[CO_W], W[CO_B], h);
+        linear(att, R, C, C, W[CO_W], WH(CO_W), W[CO_B], h, 0);
         add_into(x, h, (size_t)R * C);
         layer_norm(x, R, C, W[N2_G], W[N2_B], eps);
 
         /* Feed-forward: Linear, exact GELU x * Phi(x), Linear. */
-        linear(x, R, C, F, W[UP_W], W[UP_B], h);
-        for (size_t i = 0; i < (size_t)R * F; i++) h[i] = 0.5f * h[i] * (1.0f + erff(h[i] * (float)M_SQRT1_2));
-        linear(h, R, F, C, W[DOWN_W], W[DOWN_B], att);
+        linear(x, R, C, F, W[UP_W], WH(UP_W), W[UP_B], h, 1); /* GELU applied in the product */
+        linear(h, R, F, C, W[DOWN_W], WH(DOWN_W), W[DOWN_B], att, 0);
         add_into(x, att, (size_t)R * C);
         layer_norm(x, R, C, W[N3_G], W[N3_B], eps);
     }
 
     /* LM head: Linear, GELU, LayerNorm, then the tied vocabulary matrix plus its bias. */
-    linear(x, R, C, C, P[TRANSFORM_W], P[TRANSFORM_B], h);
-    for (size_t i = 0; i < (size_t)R * C; i++) h[i] = 0.5f * h[i] * (1.0f + erff(h[i] * (float)M_SQRT1_2));
+    linear(x, R, C, C, P[TRANSFORM_W], PH ? PH[TRANSFORM_W] : NULL, P[TRANSFORM_B], h, 1);
     layer_norm(h, R, C, P[HEAD_G], P[HEAD_B], eps);
-    linear(h, R, C, V, P[OUTPUT], P[OUT_BIAS], out); /* the tied (V, C) word table */
+    linear(h, R, C, V, P[OUTPUT], PH ? PH[OUTPUT] : NULL, P[OUT_BIAS], out, 0); /* the tied (V, C) word table */
     if (log_probs) log_softmax_rows(out, R, V);
 done:
     free(x), free(q), free(kv), free(att), free(h), free(scores);

@@ -1,9 +1,10 @@
 """Decoding steps in C on MLX's CPU backend (cpu_step.c; see its header for why).
 
 `CpuStepper` is a drop-in for `generate._Stepper`'s compiled MLX step: the same inputs and
-outputs, one C call per token instead of ~600 MLX kernels. It reads the model's float32 weights
-and the encoder's cross-attention K/V in place (numpy views of MLX memory, nothing copied) and
-keeps the self-attention cache in numpy. It is used only where it applies: the CPU device,
+outputs (a host array of logits), one C call per token instead of ~600 MLX kernels. It reads the model's float32 weights
+and the encoder's cross-attention values in place (numpy views of MLX memory, nothing copied),
+float16 copies of the weight matrices where they hold the same values, the cross-attention keys
+transposed (one copy per input), and keeps the self-attention cache in numpy. It is used only where it applies: the CPU device,
 float32 weights, eval mode, B2B_CPU_STEP not 0 (nor B2B_COMPILE_DECODE), and a C compiler
 with OpenMP to build it; otherwise decoding stays on MLX, which computes the same step.
 """
@@ -37,12 +38,15 @@ def _library() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(path)
         ptrs, ints = ctypes.POINTER(_F32P), ctypes.POINTER(ctypes.c_int)
-        lib.b2b_decode_step.argtypes = [ints, ctypes.c_float, ptrs, ctypes.c_int, ctypes.c_int, ints, ctypes.c_int,
+        lib.b2b_decode_step.argtypes = [ints, ctypes.c_float, ptrs, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int, ints, ctypes.c_int,
                                         ptrs, ptrs, ptrs, ptrs, ctypes.c_int, ctypes.POINTER(ctypes.c_ubyte),
                                         ctypes.c_int, _F32P]
         lib.b2b_decode_step.restype = ctypes.c_int
         lib.b2b_reorder.argtypes = [ints, ctypes.c_int, ints, ctypes.c_int, ptrs, ptrs]
         lib.b2b_reorder.restype = ctypes.c_int
+        lib.b2b_half_supported.restype = ctypes.c_int
+        lib.b2b_to_half.argtypes = [_F32P, ctypes.c_void_p, ctypes.c_long]
+        lib.b2b_to_half.restype = ctypes.c_int
         return lib
     except (OSError, AttributeError) as e:
         log.debug("C decoding step not used: %s", e)
@@ -91,6 +95,43 @@ def _weights(model: Bert2Bert) -> list[mx.array]:
     return table
 
 
+# Entries of the pointer table that are matrices of products (cpu_step.c's TRANSFORM_W and
+# OUTPUT, then Q_W, K_W, V_W, O_W, CQ_W, CO_W, UP_W, DOWN_W of each 22-entry layer).
+_GLOBALS, _PER_LAYER = 11, 22
+_PRODUCTS = (5, 9)
+_LAYER_PRODUCTS = (0, 2, 4, 6, 10, 12, 16, 18)
+_half_cache: list = []  # [(source arrays, copies)]: the latest model's, kept while it is decoded
+
+
+def _half_copies(sources: list[mx.array], arrays: list[np.ndarray]) -> list[np.ndarray | None]:
+    """Float16 copies of the product matrices that float16 holds exactly (a checkpoint saved in
+    float16, like the shipped one, loads as such float32 values), None elsewhere: the same
+    products from half the bytes. Decoding streams every weight once a step from memory, so
+    this makes steps faster and changes no result. Cached for the latest model's arrays."""
+    wanted = sorted(set(_PRODUCTS) | {_GLOBALS + l * _PER_LAYER + i for l in range((len(arrays) - _GLOBALS) // _PER_LAYER)
+                                      for i in _LAYER_PRODUCTS})
+    key = [sources[i] for i in wanted]  # MLX arrays are immutable: the same objects, the same values
+    if _half_cache and len(_half_cache[0][0]) == len(key) and all(a is b for a, b in zip(_half_cache[0][0], key)):
+        return _half_cache[0][1]
+    copies: list[np.ndarray | None] = [None] * len(arrays)
+    done: dict[int, np.ndarray | None] = {}  # shared matrices (BERTShare, tied tables): one copy
+    for i in wanted:
+        a = arrays[i]
+        if id(a) not in done:
+            h = np.empty(a.shape, np.float16)
+            exact = _library().b2b_to_half(a.ctypes.data_as(_F32P), h.ctypes.data, a.size)  # ~50x numpy's astype
+            done[id(a)] = h if exact else None
+        copies[i] = done[id(a)]
+    _half_cache[:] = [(key, copies)]
+    return copies
+
+
+def half_enabled() -> bool:
+    """Whether the C step may read float16 copies of weights (B2B_CPU_STEP_HALF=0: never)."""
+    lib = _library()
+    return os.environ.get("B2B_CPU_STEP_HALF", "1") != "0" and lib is not None and bool(lib.b2b_half_supported())
+
+
 def _pointers(arrays: list[np.ndarray]):
     return (_F32P * len(arrays))(*(a.ctypes.data_as(_F32P) for a in arrays))
 
@@ -109,7 +150,13 @@ class CpuStepper:
         self._held = (_weights(model), cross)
         self._arrays = [_as_f32(a) for a in self._held[0]]
         self._table = _pointers(self._arrays)
-        self._cross_k = [_as_f32(k) for k, _ in cross]
+        self._half = _half_copies(self._held[0], self._arrays) if half_enabled() else None
+        self.half_matrices = sum(h is not None for h in self._half) if self._half else 0
+        self._half_table = None if not self.half_matrices else (ctypes.c_void_p * len(self._half))(
+            *(h.ctypes.data if h is not None else None for h in self._half))
+        # Cross-attention keys transposed once per input, (B, H, D, S): a step's scores become
+        # vector products over the keys.
+        self._cross_k = [np.ascontiguousarray(np.asarray(k, dtype=np.float32).transpose(0, 1, 3, 2)) for k, _ in cross]
         self._cross_v = [_as_f32(v) for _, v in cross]
         self._ck, self._cv = _pointers(self._cross_k), _pointers(self._cross_v)
         shape = (self.R, c.num_heads, capacity, c.head_dim)
@@ -124,8 +171,8 @@ class CpuStepper:
         self.eps = c.layer_norm_eps
         self.position = 0
 
-    def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> mx.array:
-        """Logits or log-probabilities (R, V) for the newest tokens (R, 1); `reorder` first
+    def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> np.ndarray:
+        """Logits or log-probabilities (R, V), a fresh float32 array, for the newest tokens (R, 1); `reorder` first
         keeps cache rows `reorder` (beam search)."""
         if reorder is not None:
             rows = np.ascontiguousarray(np.asarray(reorder), dtype=np.int32)
@@ -138,12 +185,12 @@ class CpuStepper:
         out = np.empty((self.R, self.V), np.float32)
         mask = self.mask.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)) if self.mask is not None else None
         ok = self.lib.b2b_decode_step(
-            self.dims, self.eps, self._table, self.R, self.B, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+            self.dims, self.eps, self._table, self._half_table, self.R, self.B, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
             self.position, self._k, self._v, self._ck, self._cv, self.S, mask, int(self.log_probs),
             out.ctypes.data_as(_F32P))
         self._check(ok)
         self.position += 1
-        return mx.array(out)
+        return out
 
     def _check(self, status: int) -> None:
         if status == -2:

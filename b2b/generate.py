@@ -47,39 +47,32 @@ def _banned_ngrams(history: list[int], n: int) -> list[int]:
     return banned
 
 
-def _penalize_repeats(logits: mx.array, histories: list[list[int]], penalty: float, start_id: int) -> mx.array:
+def _penalize_repeats(logits: np.ndarray, histories: list[list[int]], penalty: float, start_id: int) -> np.ndarray:
     """transformers' repetition penalty: the score of each token a row already holds (its
     start token included, as transformers counts it) is divided by `penalty` when positive
-    and multiplied by it when negative (beam search applies it to log-probabilities)."""
-    rows, cols = [], []
+    and multiplied by it when negative (beam search applies it to log-probabilities).
+    Changes `logits` in place and returns it."""
     for r, hist in enumerate(histories):
-        seen = sorted(set(hist) | {start_id})
-        rows += [r] * len(seen)
-        cols += seen
-    r, c = mx.array(rows), mx.array(cols)
-    picked = logits[r, c]
-    return logits.at[r, c].add(mx.where(picked < 0, picked * penalty, picked / penalty) - picked)
+        seen = np.array(sorted(set(hist) | {start_id}))
+        picked = logits[r, seen]
+        logits[r, seen] = np.where(picked < 0, picked * penalty, picked / penalty)
+    return logits
 
 
 def _apply_constraints(
-    logits: mx.array, histories: list[list[int]], cfg: DecodingConfig, eos_id: int, start_id: int
-) -> mx.array:
+    logits: np.ndarray, histories: list[list[int]], cfg: DecodingConfig, eos_id: int, start_id: int
+) -> np.ndarray:
     """The repetition penalty, then bans as -inf logits: [SEP] before min_length and tokens
-    that repeat an n-gram."""
+    that repeat an n-gram. On the host, in place: a step's logits are read there anyway."""
     if cfg.repetition_penalty != 1.0:
         logits = _penalize_repeats(logits, histories, cfg.repetition_penalty, start_id)
-    rows, cols = [], []
     for r, hist in enumerate(histories):
         banned = _banned_ngrams(hist, cfg.no_repeat_ngram_size)
         if len(hist) < cfg.min_length:
             banned.append(eos_id)
-        rows += [r] * len(banned)
-        cols += banned
-    if not rows:
-        return logits
-    penalty = np.zeros(logits.shape, dtype=np.float32)
-    penalty[rows, cols] = -np.inf
-    return logits + mx.array(penalty)
+        if banned:
+            logits[r, banned] = -np.inf
+    return logits
 
 
 def _sample(logits: mx.array, cfg: DecodingConfig, key: mx.array) -> mx.array:
@@ -134,22 +127,22 @@ class _Stepper:
         self.position = 0
         self.table_t = _output_matrix_t(model)  # (C, V)
 
-    def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> mx.array:
-        """Logits (or log-probabilities) (R, V) for the newest tokens (R, 1); `reorder` first
-        keeps cache rows `reorder` (beam search)."""
+    def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> np.ndarray:
+        """Logits (or log-probabilities) (R, V), float32, a fresh host array, for the newest
+        tokens (R, 1); `reorder` first keeps cache rows `reorder` (beam search)."""
         if self.in_c is not None:
             return self.in_c(tokens, reorder)
         if not self.compiled:
             if reorder is not None:
                 self.cache.reorder(reorder)
             out = self.model.decode_step(tokens, self.cache).astype(mx.float32)
-            return fastmath.log_softmax(out) if self.log_probs else out
+            return np.array(fastmath.log_softmax(out) if self.log_probs else out)
         step = _compiled_step(self.model, reorder is not None, self.log_probs)
         extra = [reorder] if reorder is not None else []
         out, self.keys, self.values = step(tokens, mx.array(self.position, mx.int32), self.keys, self.values,
                                            self.cross, self.cross_mask, self.table_t, *extra)
         self.position += 1
-        return out
+        return np.array(out)
 
 
 def _compiles(model: Bert2Bert) -> bool:
@@ -227,10 +220,9 @@ def greedy_or_sample(
         logits = _apply_constraints(decode(tokens), histories, cfg, c.sep_id, c.cls_id)
         if cfg.strategy == "sample":
             key, sub = mx.random.split(key)
-            nxt = _sample(logits, cfg, sub)
+            chosen = _sample(mx.array(logits), cfg, sub).tolist()
         else:
-            nxt = mx.argmax(logits, axis=-1)
-        chosen = nxt.tolist()  # the one host sync per step: [SEP] decides when to stop
+            chosen = logits.argmax(axis=-1).tolist()
         for r, tok in enumerate(chosen):
             if reasons[r] is None:
                 if tok == c.sep_id:
@@ -264,10 +256,11 @@ def beam_search(
     V = c.vocab_size
     for step in range(cfg.max_length):
         logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id, c.cls_id)  # (B*K, V)
-        total = (logprobs + mx.array(scores.reshape(-1, 1), dtype=mx.float32)).reshape(B, K * V)
-        top = mx.argpartition(-total, 2 * K - 1, axis=-1)[:, : 2 * K]  # (B, 2K) candidates
-        top_scores = np.array(mx.take_along_axis(total, top, axis=-1), dtype=np.float64)
-        top = np.array(top)
+        # The 2K best candidates per input, picked in NumPy: no MLX kernels or host syncs (a beam
+        # step's bookkeeping went from ~2.4 to ~0.6 ms).
+        total = (logprobs + scores.reshape(-1, 1).astype(np.float32)).reshape(B, K * V)
+        top = np.argpartition(-total, 2 * K - 1, axis=-1)[:, : 2 * K]  # (B, 2K) candidates
+        top_scores = np.take_along_axis(total, top, axis=-1).astype(np.float64)
         length = step + 1
         rows, next_tokens, next_scores = [], [], []
         for b in range(B):

@@ -264,7 +264,8 @@ def run(args) -> dict:
         inputs = os.path.join(tmp, "inputs.npz")
         write_inputs(inputs, tok, shapes)
         presets = [p for p in ("seed", "minilm") if "mlm" in rows or f"mlm_{p}" in rows]
-        folders = write_models(tmp, presets)
+        folders = write_models(tmp, presets, half_values=not args.fp32_weights)
+        res["s2s_weights"] = "float32 (MiniLM's)" if args.fp32_weights else "float16 values (as the shipped checkpoint), computed in float32"
         x = np.load(inputs)
 
         def fresh_pair() -> Bench:
@@ -356,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer repeats and articles: finishes within 5 minutes")
     p.add_argument("--rows", default="mlm,finetune,generate", help="comma list of mlm, finetune, generate")
     p.add_argument("--json", default=None, help="where to write the full results (default bench/results/compare[-quick].json)")
+    p.add_argument("--fp32-weights", action="store_true",
+                   help="keep MiniLM's float32 values in the fine-tune/generation model (default: rounded to float16 "
+                        "values, as a checkpoint exported in float16 loads; both sides get the same tensors)")
     p.add_argument("--pause", type=float, default=0.1, help="seconds between the two sides' calls")
     p.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads for the HF side (default 2: the cores)")
     p.add_argument("--budget", type=float, default=285.0, help="--quick: seconds the whole run aims to fit in")
@@ -373,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end; {res['wall_s']:.0f} s"
           f"{' (--quick)' if res['quick'] else ''}")
     print(f"b2b: {res['frameworks']['b2b']}; HF: {res['frameworks']['hf']}")
+    print(f"fine-tune/generation model weights: {res['s2s_weights']}")
     print(format_table(res))
     path = args.json or os.path.join(REPO, "bench", "results", f"compare{'-quick' if args.quick else ''}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)

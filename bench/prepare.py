@@ -13,7 +13,7 @@ import numpy as np
 
 import b2b  # noqa: F401 - preloads the BLAS before mlx.core
 import mlx.core as mx
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
 from b2b import B2BConfig, Bert2Bert, Tokenizer, load_hf_bert
 from b2b.convert import to_hf_encoder_decoder
@@ -92,9 +92,12 @@ def _save(folder: str, model: Bert2Bert, hf_state: dict[str, np.ndarray], hf_kin
         json.dump(meta, f, indent=2)
 
 
-def write_models(root: str, presets: list[str]) -> dict[str, str]:
+def write_models(root: str, presets: list[str], half_values: bool = True) -> dict[str, str]:
     """b2b + HF weights for each model the rows need: `<preset>-mlm` (encoder only) and
-    `minilm-s2s` (the warm-started BERT2BERT). Returns name -> folder."""
+    `minilm-s2s` (the warm-started BERT2BERT). With `half_values`, minilm-s2s's weights are
+    rounded to values float16 holds, as a checkpoint exported in float16 (the shipped one)
+    loads: both sides get the same float32 tensors and compute in float32, and b2b's C decoding
+    step can read its float16 copies (cpu_step.py). Returns name -> folder."""
     folders = {}
     for preset in presets:
         mx.random.seed(0)
@@ -108,6 +111,8 @@ def write_models(root: str, presets: list[str]) -> dict[str, str]:
         _save(folders[f"{preset}-mlm"], model, to_hf_masked_lm(model), "masked-lm")
     mx.random.seed(0)  # the fresh cross-attention is seeded: both sides get the same draw
     model = load_hf_bert(MINILM)
+    if half_values:
+        model.update(tree_map(lambda a: a.astype(mx.float16).astype(mx.float32), model.parameters()))
     folders["minilm-s2s"] = os.path.join(root, "minilm-s2s")
     _save(folders["minilm-s2s"], model, to_hf_encoder_decoder(model), "encoder-decoder")
     return folders

@@ -31,7 +31,7 @@ class Side:
     def __init__(self, inputs: dict[str, np.ndarray]):
         self.x = inputs
         self.model: Bert2Bert | None = None
-        self.info = {"framework": f"mlx {mx.__version__}", **{k: v for k, v in b2b.runtime_info().items() if k in ("blas", "device")}}
+        self.info = {"framework": f"mlx {mx.__version__}", **{k: v for k, v in b2b.runtime_info().items() if k in ("blas", "blas_core", "device")}}
 
     # -- training ------------------------------------------------------------------------------
     def train_setup(self, task: str, folder: str) -> dict:

@@ -34,11 +34,25 @@ def _steppers(model, beams, log_probs, monkeypatch):
     return in_mlx, in_c
 
 
+def _round_to_half(model: Bert2Bert) -> Bert2Bert:
+    """float32 weights that float16 holds exactly, as a checkpoint saved in float16 loads."""
+    from mlx.utils import tree_map
+
+    model.update(tree_map(lambda a: a.astype(mx.float16).astype(mx.float32), model.parameters()))
+    return model
+
+
 @pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("beams", [1, 3])
-def test_c_step_gives_the_mlx_step_logits(tiny_config, share, beams, monkeypatch):
+@pytest.mark.parametrize("half", [False, True])
+def test_c_step_gives_the_mlx_step_logits(tiny_config, share, beams, half, monkeypatch):
     model = _model(tiny_config, share)
+    if half:
+        _round_to_half(model)
     in_mlx, in_c = _steppers(model, beams, log_probs=beams > 1, monkeypatch=monkeypatch)
+    if cpu_step.half_enabled():
+        # Only exact float16 copies are read: 2 + 8 per layer matrices, fewer where shared.
+        assert (in_c.in_c.half_matrices > 0) == half
     rng = np.random.default_rng(beams)
     R = 2 * beams
     tokens = mx.full((R, 1), 101, dtype=mx.int32)
@@ -97,3 +111,37 @@ def test_bad_tokens_and_positions_raise_instead_of_reading_out_of_bounds(tiny_co
         in_c(tokens)
     with pytest.raises(ValueError, match="capacity"):
         in_c(tokens)
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_sizes_that_are_not_a_multiple_of_the_vector_width(tiny_config, half, monkeypatch):
+    model = _model(tiny_config.replace(hidden_size=40, ffn_size=72), share=False)  # head size 10
+    if half:
+        _round_to_half(model)
+    in_mlx, in_c = _steppers(model, 3, log_probs=True, monkeypatch=monkeypatch)
+    tokens = mx.array([[101], [2000], [2001], [2002], [2003], [2004]], dtype=mx.int32)
+    for step in range(3):
+        np.testing.assert_allclose(in_c(tokens), in_mlx(tokens), rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
+
+
+def test_float16_copies_round_like_numpy_and_say_when_they_are_exact():
+    if not cpu_step.half_enabled():
+        pytest.skip("no float16 conversion in this build")
+    lib = cpu_step._library()
+    rng = np.random.default_rng(0)
+    for values, exact in ((rng.normal(size=1003).astype(np.float32), False),
+                          (rng.normal(size=1003).astype(np.float16).astype(np.float32), True),
+                          (np.array([1e-7, 7e4, -0.0, 1.0], np.float32), False)):  # subnormal, overflow
+        out = np.empty(values.shape, np.float16)
+        got = lib.b2b_to_half(values.ctypes.data_as(cpu_step._F32P), out.ctypes.data, values.size)
+        with np.errstate(over="ignore"):
+            want = values.astype(np.float16)
+        np.testing.assert_array_equal(out, want)
+        assert bool(got) == exact
+
+
+def test_float16_copies_can_be_turned_off(tiny_config, monkeypatch):
+    model = _round_to_half(_model(tiny_config, share=False))
+    monkeypatch.setenv("B2B_CPU_STEP_HALF", "0")
+    _, in_c = _steppers(model, 1, log_probs=False, monkeypatch=monkeypatch)
+    assert in_c.in_c.half_matrices == 0

@@ -73,7 +73,7 @@ def test_repetition_penalty_is_transformers_rule():
     rng = np.random.default_rng(0)
     scores = rng.normal(size=(2, 50)).astype(np.float32) * 3
     histories = [[5, 7, 5], []]
-    out = np.array(_penalize_repeats(mx.array(scores), histories, 1.3, start_id=1))
+    out = _penalize_repeats(scores.copy(), histories, 1.3, start_id=1)
     want = scores.copy()
     for r, seen in enumerate([{1, 5, 7}, {1}]):
         for t in seen:
