@@ -83,9 +83,39 @@ static inline v8 vexp(v8 x) {
  * transposed tile needs no copy; B and C rows are contiguous with strides ldb, ldc; N % 16 == 0.
  * 6 x 16 register tiles (then 4 x 16, then single rows): per k, two loads of B, one broadcast
  * of A per row, two FMAs per row. */
+#if defined(__AVX512F__)
+typedef float v16 __attribute__((vector_size(64)));
+static inline v16 ld16(const float *p) { v16 r; memcpy(&r, p, sizeof r); return r; }
+static inline void st16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+#endif
+
 static void gemm(int M, int N, int K, const float *A, long as0, long as1, const float *B, long ldb,
                  float *C, long ldc, int accumulate) {
     int i = 0;
+#if defined(__AVX512F__)
+    /* 12 x 16 tiles in 512-bit registers: per k one load of B and twelve broadcast FMAs (twice
+     * the arithmetic per instruction of the 256-bit tiles below; B4 x 12 x 512 x 32 forward +
+     * backward on one core, 91 -> ~60 ms measured on a Xeon with AVX-512). */
+    for (; i + 12 <= M; i += 12) {
+        const float *a0 = A + i * as0;
+        for (int j = 0; j < N; j += 16) {
+            v16 c[12];
+            for (int r = 0; r < 12; r++) c[r] = (v16){0};
+            const float *b = B + j;
+            for (int k = 0; k < K; k++, b += ldb) {
+                v16 b0 = ld16(b);
+                __asm__("" : "+v"(b0)); /* one load of B, not twelve memory operands */
+                const float *a = a0 + k * as1;
+                for (int r = 0; r < 12; r++) c[r] += a[r * as0] * b0;
+            }
+            float *cp = C + i * ldc + j;
+            for (int r = 0; r < 12; r++) {
+                if (accumulate) c[r] += ld16(cp + r * ldc);
+                st16(cp + r * ldc, c[r]);
+            }
+        }
+    }
+#endif
     for (; i + 6 <= M; i += 6) {  /* 6 x 16: twelve accumulators, enough FMAs in flight */
         const float *a0 = A + i * as0;
         for (int j = 0; j < N; j += 16) {
