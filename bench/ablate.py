@@ -23,12 +23,15 @@ from .compare import REPO, Worker, machine
 
 VARIANTS = {
     "all optimizations": {},
+    # What Debian's OpenBLAS 0.3.21 picks by itself on a CPU newer than it (runtime.py overrides it).
+    "OPENBLAS_CORETYPE=Prescott (generic kernels)": {"OPENBLAS_CORETYPE": "Prescott", "B2B_OPENBLAS_CORETYPE": "0"},
     "B2B_FAST_MATH=0 (MLX exp/erf/softmax)": {"B2B_FAST_MATH": "0"},
     "B2B_ATTN_CHUNK=inf (one score matrix)": {"B2B_ATTN_CHUNK": str(10**12)},
     "B2B_CPU_ATTENTION=0 (MLX attention ops)": {"B2B_CPU_ATTENTION": "0"},
     "B2B_CPU_LAYERNORM=0 (MLX LayerNorm ops)": {"B2B_CPU_LAYERNORM": "0"},
     "B2B_CPU_SHARDS=1 (training: one stream)": {"B2B_CPU_SHARDS": "1"},
     "B2B_TUNE_MALLOC=0 (glibc defaults)": {"B2B_TUNE_MALLOC": "0"},
+    "B2B_CPU_STEP_HALF=0 (C steps read float32)": {"B2B_CPU_STEP_HALF": "0"},
     "B2B_CPU_STEP=0 (compiled MLX decoding steps)": {"B2B_CPU_STEP": "0"},
     "B2B_COMPILE_DECODE=0 (eager decoding)": {"B2B_COMPILE_DECODE": "0"},
 }
