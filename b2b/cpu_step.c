@@ -380,24 +380,30 @@ done:
 }
 
 /* Beam search: row r of every cache becomes old row rows[r], for the first `filled` positions
- * (the rest is never read before it is written). */
+ * (the rest is never read before it is written). Rows that keep their own beam are not copied:
+ * every moved row's source is read into `tmp` first, then written. */
 int b2b_reorder(const int *dims, int R, const int *rows, int filled, float *const *keys, float *const *values) {
     const int H = dims[DIM_H], D = dims[DIM_D], L = dims[DIM_L], cap = dims[DIM_CAP];
     size_t row = (size_t)H * cap * D, span = (size_t)filled * D;
     if (filled < 0 || filled > cap) return -1;
-    for (int r = 0; r < R; r++)
+    int moved = 0;
+    for (int r = 0; r < R; r++) {
         if (rows[r] < 0 || rows[r] >= R) return -1;
-    float *tmp = malloc(sizeof(float) * R * row);
+        moved += rows[r] != r;
+    }
+    if (!moved || !span) return 0;
+    float *tmp = malloc(sizeof(float) * moved * row);
     if (!tmp) return -2;
     for (int l = 0; l < 2 * L; l++) {
         float *buf = l < L ? keys[l] : values[l - L];
-        for (int r = 0; r < R; r++)
-            for (int hd = 0; hd < H; hd++)
-                memcpy(tmp + r * row + (size_t)hd * cap * D, buf + (size_t)rows[r] * row + (size_t)hd * cap * D,
-                       sizeof(float) * span);
-        for (int r = 0; r < R; r++)
-            for (int hd = 0; hd < H; hd++)
-                memcpy(buf + r * row + (size_t)hd * cap * D, tmp + r * row + (size_t)hd * cap * D, sizeof(float) * span);
+        for (int r = 0, k = 0; r < R; r++)
+            if (rows[r] != r)
+                for (int hd = 0; hd < H; hd++, k++)
+                    memcpy(tmp + (size_t)k * cap * D, buf + rows[r] * row + (size_t)hd * cap * D, sizeof(float) * span);
+        for (int r = 0, k = 0; r < R; r++)
+            if (rows[r] != r)
+                for (int hd = 0; hd < H; hd++, k++)
+                    memcpy(buf + r * row + (size_t)hd * cap * D, tmp + (size_t)k * cap * D, sizeof(float) * span);
     }
     free(tmp);
     return 0;

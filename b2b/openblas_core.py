@@ -123,6 +123,8 @@ def choose(path: str) -> str | None:
     `B2B_OPENBLAS_CORETYPE=0` turns this off."""
     if os.environ.get(ENV) or os.environ.get("B2B_OPENBLAS_CORETYPE") == "0":
         return None
+    if getattr(sys, "frozen", False):
+        return None  # a bundled app: sys.executable is the app, not a Python to ask
     flags = _cpu_flags()
     if best_family(flags) is None:
         return None  # nothing to gain (or not x86): skip the child process
