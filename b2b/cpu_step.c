@@ -3,7 +3,8 @@
  * Why: a step reads ~100 MB of weights once (memory-bound: ~4.5 ms on the 2-core machine this
  * was written on) but MLX ran it as ~600 kernels at ~3-10 us of fixed cost each, so most of a
  * step was dispatch, not arithmetic (greedy ~10 ms, beam 4 ~24 ms a step). Here the same step
- * is a few OpenMP loops over the model's own float32 arrays (shared with MLX, not copied).
+ * is a few OpenMP loops over the model's own float32 arrays (shared with MLX, not copied), or
+ * float16 copies of its matrices where those hold the same values (half the bytes to stream).
  * Every product is our `linear`, not BLAS: OpenBLAS's spinning threads and OpenMP's fight
  * over the cores when both run in one step (measured: 2-3x slower).
  *
@@ -209,7 +210,7 @@ static void add_into(float *x, const float *h, size_t n) {
 }
 
 /* e^x for a vector, to ~2e-7 relative (Cody-Waite reduction, degree-6 Taylor on |f| <= ln2/2);
- * 0 below -87 (where expf is subnormal or 0). libm's expf is scalar: a step ran ~150k of them. */
+ * 0 below -87 (expf there is below 1.7e-38: nothing a softmax or its sum can tell from 0). libm's expf is scalar: a step ran ~150k of them. */
 typedef int vi __attribute__((vector_size(VW * sizeof(int))));
 
 static inline vf vexp(vf x) {
@@ -392,18 +393,20 @@ int b2b_reorder(const int *dims, int R, const int *rows, int filled, float *cons
         moved += rows[r] != r;
     }
     if (!moved || !span) return 0;
-    float *tmp = malloc(sizeof(float) * moved * row);
+    float *tmp = malloc(sizeof(float) * moved * H * span);
     if (!tmp) return -2;
     for (int l = 0; l < 2 * L; l++) {
         float *buf = l < L ? keys[l] : values[l - L];
-        for (int r = 0, k = 0; r < R; r++)
+        size_t k = 0;
+        for (int r = 0; r < R; r++)
             if (rows[r] != r)
                 for (int hd = 0; hd < H; hd++, k++)
-                    memcpy(tmp + (size_t)k * cap * D, buf + rows[r] * row + (size_t)hd * cap * D, sizeof(float) * span);
-        for (int r = 0, k = 0; r < R; r++)
+                    memcpy(tmp + k * span, buf + rows[r] * row + (size_t)hd * cap * D, sizeof(float) * span);
+        k = 0;
+        for (int r = 0; r < R; r++)
             if (rows[r] != r)
                 for (int hd = 0; hd < H; hd++, k++)
-                    memcpy(buf + r * row + (size_t)hd * cap * D, tmp + (size_t)k * cap * D, sizeof(float) * span);
+                    memcpy(buf + r * row + (size_t)hd * cap * D, tmp + k * span, sizeof(float) * span);
     }
     free(tmp);
     return 0;

@@ -1,12 +1,13 @@
 """Decoding steps in C on MLX's CPU backend (cpu_step.c; see its header for why).
 
 `CpuStepper` is a drop-in for `generate._Stepper`'s compiled MLX step: the same inputs and
-outputs (a host array of logits), one C call per token instead of ~600 MLX kernels. It reads the model's float32 weights
-and the encoder's cross-attention values in place (numpy views of MLX memory, nothing copied),
-float16 copies of the weight matrices where they hold the same values, the cross-attention keys
-transposed (one copy per input), and keeps the self-attention cache in numpy. It is used only where it applies: the CPU device,
-float32 weights, eval mode, B2B_CPU_STEP not 0 (nor B2B_COMPILE_DECODE), and a C compiler
-with OpenMP to build it; otherwise decoding stays on MLX, which computes the same step.
+outputs (a host array of logits), one C call per token instead of ~600 MLX kernels. It reads
+the model's float32 weights and the encoder's cross-attention values in place (numpy views of
+MLX memory, nothing copied), float16 copies of the weight matrices where float16 holds their
+values exactly, and the cross-attention keys transposed (one copy per input); it keeps the
+self-attention cache in numpy. It is used only where it applies: the CPU device, float32
+weights, eval mode, B2B_CPU_STEP not 0 (nor B2B_COMPILE_DECODE), and a C compiler with OpenMP
+to build it; otherwise decoding stays on MLX, which computes the same step.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_step.c")
 # -march=native: built on the machine that runs it (the build's name carries the CPU's flags).
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
 _F32P = ctypes.POINTER(ctypes.c_float)
+_OFF = ("0", "false", "no", "off")
 
 
 @lru_cache(maxsize=1)
@@ -38,7 +40,8 @@ def _library() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(path)
         ptrs, ints = ctypes.POINTER(_F32P), ctypes.POINTER(ctypes.c_int)
-        lib.b2b_decode_step.argtypes = [ints, ctypes.c_float, ptrs, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int, ints, ctypes.c_int,
+        halves = ctypes.POINTER(ctypes.c_void_p)
+        lib.b2b_decode_step.argtypes = [ints, ctypes.c_float, ptrs, halves, ctypes.c_int, ctypes.c_int, ints, ctypes.c_int,
                                         ptrs, ptrs, ptrs, ptrs, ctypes.c_int, ctypes.POINTER(ctypes.c_ubyte),
                                         ctypes.c_int, _F32P]
         lib.b2b_decode_step.restype = ctypes.c_int
@@ -56,8 +59,8 @@ def _library() -> ctypes.CDLL | None:
 def available() -> bool:
     """Whether decoding steps can run in C here: MLX on the CPU (a GPU runs MLX's own kernels
     fast), B2B_CPU_STEP not 0, and the C step built. Independent of B2B_FAST_MATH: the C step
-    uses libm's exp and erf."""
-    if os.environ.get("B2B_CPU_STEP", "1").lower() in ("0", "false", "no", "off"):
+    uses its own exp and libm's erf."""
+    if os.environ.get("B2B_CPU_STEP", "1").lower() in _OFF:
         return False
     return mx.default_device() == mx.cpu and _library() is not None
 
@@ -100,36 +103,39 @@ def _weights(model: Bert2Bert) -> list[mx.array]:
 _GLOBALS, _PER_LAYER = 11, 22
 _PRODUCTS = (5, 9)
 _LAYER_PRODUCTS = (0, 2, 4, 6, 10, 12, 16, 18)
-_half_cache: list = []  # [(source arrays, copies)]: the latest model's, kept while it is decoded
+_HALF = "_b2b_half_copies"  # model.__dict__ key: (source arrays, copies), like generate's _OUTPUT_T
 
 
-def _half_copies(sources: list[mx.array], arrays: list[np.ndarray]) -> list[np.ndarray | None]:
+def _half_copies(model: Bert2Bert, sources: list[mx.array], arrays: list[np.ndarray]) -> list[np.ndarray | None]:
     """Float16 copies of the product matrices that float16 holds exactly (a checkpoint saved in
     float16, like the shipped one, loads as such float32 values), None elsewhere: the same
     products from half the bytes. Decoding streams every weight once a step from memory, so
-    this makes steps faster and changes no result. Cached for the latest model's arrays."""
-    wanted = sorted(set(_PRODUCTS) | {_GLOBALS + l * _PER_LAYER + i for l in range((len(arrays) - _GLOBALS) // _PER_LAYER)
-                                      for i in _LAYER_PRODUCTS})
+    this makes steps faster and changes no result. Kept on the model while its weights are the
+    same arrays (an update or a reload replaces them, and the copies are made afresh)."""
+    layers = (len(arrays) - _GLOBALS) // _PER_LAYER
+    wanted = sorted(set(_PRODUCTS) | {_GLOBALS + n * _PER_LAYER + i for n in range(layers) for i in _LAYER_PRODUCTS})
     key = [sources[i] for i in wanted]  # MLX arrays are immutable: the same objects, the same values
-    if _half_cache and len(_half_cache[0][0]) == len(key) and all(a is b for a, b in zip(_half_cache[0][0], key)):
-        return _half_cache[0][1]
+    held = model.__dict__.get(_HALF)
+    if held is not None and len(held[0]) == len(key) and all(a is b for a, b in zip(held[0], key)):
+        return held[1]
     copies: list[np.ndarray | None] = [None] * len(arrays)
-    done: dict[int, np.ndarray | None] = {}  # shared matrices (BERTShare, tied tables): one copy
+    done: dict[int, np.ndarray | None] = {}  # by address: shared matrices (BERTShare, tied tables) once
     for i in wanted:
         a = arrays[i]
-        if id(a) not in done:
+        if a.ctypes.data not in done:
             h = np.empty(a.shape, np.float16)
             exact = _library().b2b_to_half(a.ctypes.data_as(_F32P), h.ctypes.data, a.size)  # ~50x numpy's astype
-            done[id(a)] = h if exact else None
-        copies[i] = done[id(a)]
-    _half_cache[:] = [(key, copies)]
+            done[a.ctypes.data] = h if exact else None
+        copies[i] = done[a.ctypes.data]
+    model.__dict__[_HALF] = (key, copies)
     return copies
 
 
 def half_enabled() -> bool:
     """Whether the C step may read float16 copies of weights (B2B_CPU_STEP_HALF=0: never)."""
     lib = _library()
-    return os.environ.get("B2B_CPU_STEP_HALF", "1") != "0" and lib is not None and bool(lib.b2b_half_supported())
+    off = os.environ.get("B2B_CPU_STEP_HALF", "1").lower() in _OFF
+    return not off and lib is not None and bool(lib.b2b_half_supported())
 
 
 def _pointers(arrays: list[np.ndarray]):
@@ -150,7 +156,7 @@ class CpuStepper:
         self._held = (_weights(model), cross)
         self._arrays = [_as_f32(a) for a in self._held[0]]
         self._table = _pointers(self._arrays)
-        self._half = _half_copies(self._held[0], self._arrays) if half_enabled() else None
+        self._half = _half_copies(model, self._held[0], self._arrays) if half_enabled() else None
         self.half_matrices = sum(h is not None for h in self._half) if self._half else 0
         self._half_table = None if not self.half_matrices else (ctypes.c_void_p * len(self._half))(
             *(h.ctypes.data if h is not None else None for h in self._half))
@@ -172,10 +178,12 @@ class CpuStepper:
         self.position = 0
 
     def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> np.ndarray:
-        """Logits or log-probabilities (R, V), a fresh float32 array, for the newest tokens (R, 1); `reorder` first
-        keeps cache rows `reorder` (beam search)."""
+        """Logits or log-probabilities (R, V), a fresh float32 array, for the newest tokens
+        (R, 1); `reorder` first keeps cache rows `reorder` (beam search)."""
         if reorder is not None:
-            rows = np.ascontiguousarray(np.asarray(reorder), dtype=np.int32)
+            rows = np.ascontiguousarray(np.asarray(reorder), dtype=np.int32).reshape(-1)
+            if rows.shape[0] != self.R:
+                raise ValueError(f"Expected {self.R} rows to keep, got {rows.shape[0]}.")
             ok = self.lib.b2b_reorder(self.dims, self.R, rows.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
                                       self.position, self._k, self._v)
             self._check(ok)
@@ -185,8 +193,8 @@ class CpuStepper:
         out = np.empty((self.R, self.V), np.float32)
         mask = self.mask.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)) if self.mask is not None else None
         ok = self.lib.b2b_decode_step(
-            self.dims, self.eps, self._table, self._half_table, self.R, self.B, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
-            self.position, self._k, self._v, self._ck, self._cv, self.S, mask, int(self.log_probs),
+            self.dims, self.eps, self._table, self._half_table, self.R, self.B,
+            ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), self.position, self._k, self._v, self._ck, self._cv, self.S, mask, int(self.log_probs),
             out.ctypes.data_as(_F32P))
         self._check(ok)
         self.position += 1

@@ -264,7 +264,7 @@ def beam_search(
         length = step + 1
         rows, next_tokens, next_scores = [], [], []
         for b in range(B):
-            order = np.argsort(-top_scores[b])
+            order = np.argsort(-top_scores[b], kind="stable")
             kept: list[tuple[int, int, float]] = []
             for rank, j in enumerate(order):
                 beam, tok, s = int(top[b, j] // V), int(top[b, j] % V), float(top_scores[b, j])

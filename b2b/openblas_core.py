@@ -19,6 +19,9 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator
 
 from . import native
 
@@ -98,7 +101,8 @@ def _cache_name(path: str) -> str:
 
 
 def detected_core(path: str) -> str | None:
-    """OpenBLAS's own core-type pick for this library on this CPU (cached), or None."""
+    """OpenBLAS's own core-type pick for this library on this CPU (cached; a probe that got no
+    answer is cached too, as an empty file, so that it is not retried at every start)."""
     name = _cache_name(path)
     folders = [f for f in native._folders() if native._private_folder(f)]
     for folder in folders:
@@ -108,19 +112,21 @@ def detected_core(path: str) -> str | None:
         except OSError:
             continue
     core = _probe(path)
-    if core and folders:
-        try:
-            with open(os.path.join(folders[0], name), "w") as f:
-                f.write(core + "\n")
+    if folders:
+        try:  # written whole, then renamed: a process starting beside us never reads half of it
+            fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=folders[0])
+            with os.fdopen(fd, "w") as f:
+                f.write((core or "") + "\n")
+            os.replace(tmp, os.path.join(folders[0], name))
         except OSError:
             pass
     return core
 
 
 def choose(path: str) -> str | None:
-    """Set OPENBLAS_CORETYPE before OpenBLAS at `path` is loaded when its own pick would leave
-    this CPU's vector units half idle; returns the core type set, or None (nothing changed).
-    `B2B_OPENBLAS_CORETYPE=0` turns this off."""
+    """The core type to set in OPENBLAS_CORETYPE while OpenBLAS at `path` loads, when its own
+    pick would leave this CPU's vector units half idle; None: nothing to set (also when the user
+    set the variable, or `B2B_OPENBLAS_CORETYPE=0`)."""
     if os.environ.get(ENV) or os.environ.get("B2B_OPENBLAS_CORETYPE") == "0":
         return None
     if getattr(sys, "frozen", False):
@@ -131,7 +137,21 @@ def choose(path: str) -> str | None:
     detected = detected_core(path)
     forced = needs_override(detected, flags) if detected else None
     if forced:
-        log.info("OpenBLAS would use its %s kernels on this CPU, which supports %s: setting %s=%s.",
+        log.info("OpenBLAS would use its %s kernels on this CPU, which supports %s: loading it with %s=%s.",
                  detected, forced, ENV, forced)
-        os.environ[ENV] = forced
     return forced
+
+
+@contextmanager
+def coretype(value: str | None) -> Iterator[None]:
+    """OPENBLAS_CORETYPE=value inside the block (OpenBLAS reads it once, when it loads), the
+    previous environment after it: other OpenBLAS copies (NumPy's) and child processes keep
+    their own pick."""
+    if value is None:
+        yield
+        return
+    os.environ[ENV] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(ENV, None)

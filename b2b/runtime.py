@@ -68,14 +68,18 @@ def _load_fast_blas() -> None:
         # Before the load: OpenBLAS picks its kernels once, when it is loaded.
         forced = openblas_core.choose(path) if "openblas" in os.path.basename(path).lower() else None
         try:
-            lib = ctypes.CDLL(path)  # local first: only a library with cblas_sgemm is made global
+            with openblas_core.coretype(forced):
+                lib = ctypes.CDLL(path)  # local first: only a library with cblas_sgemm is made global
             lib.cblas_sgemm  # noqa: B018 - raises AttributeError when the symbol is absent
         except (OSError, AttributeError):
             continue
         if hasattr(lib, "openblas_get_config"):  # OpenBLAS, also when named by B2B_BLAS
             _BLAS["gemv_shim"] = gemv_shim.install(lib)
-            lib.openblas_get_corename.restype = ctypes.c_char_p
-            _BLAS.update(core=lib.openblas_get_corename().decode(errors="replace"), core_forced=forced)
+            corename = getattr(lib, "openblas_get_corename", None)
+            if corename is not None:
+                corename.restype = ctypes.c_char_p
+                _BLAS["core"] = corename().decode(errors="replace")
+            _BLAS["core_forced"] = forced
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # promoted to the global scope, after the shim
         _BLAS.update(name=name, path=os.path.realpath(path), lib=lib)
         return

@@ -114,11 +114,23 @@ def test_bad_tokens_and_positions_raise_instead_of_reading_out_of_bounds(tiny_co
 
 
 @pytest.mark.parametrize("half", [False, True])
-def test_sizes_that_are_not_a_multiple_of_the_vector_width(tiny_config, half, monkeypatch):
-    model = _model(tiny_config.replace(hidden_size=40, ffn_size=72), share=False)  # head size 10
+def test_odd_sizes_and_long_padded_sources(tiny_config, half, monkeypatch):
+    # Hidden 36, FFN 70, heads of 9: no size is a multiple of any vector width, so every
+    # remainder loop runs; 45 source tokens, one input padded: the vector softmax meets masked keys.
+    model = _model(tiny_config.replace(hidden_size=36, ffn_size=70), share=False)
     if half:
         _round_to_half(model)
-    in_mlx, in_c = _steppers(model, 3, log_probs=True, monkeypatch=monkeypatch)
+    rng = np.random.default_rng(7)
+    src = rng.integers(1000, 3000, (2, 45))
+    src[1, 30:] = 0
+    src = mx.array(src, dtype=mx.int32)
+    memory, src_mask = _encode(model, src, (src > 0).astype(mx.int32))
+    steppers = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("B2B_CPU_STEP", flag)
+        steppers.append(_Stepper(model, memory, src_mask, 20, beams=3, log_probs=True))
+    in_mlx, in_c = steppers
+    assert in_c.in_c is not None
     tokens = mx.array([[101], [2000], [2001], [2002], [2003], [2004]], dtype=mx.int32)
     for step in range(3):
         np.testing.assert_allclose(in_c(tokens), in_mlx(tokens), rtol=1e-4, atol=1e-4, err_msg=f"step {step}")
@@ -129,12 +141,14 @@ def test_float16_copies_round_like_numpy_and_say_when_they_are_exact():
         pytest.skip("no float16 conversion in this build")
     lib = cpu_step._library()
     rng = np.random.default_rng(0)
+    halves = rng.normal(size=1003).astype(np.float16).astype(np.float32)
     for values, exact in ((rng.normal(size=1003).astype(np.float32), False),
-                          (rng.normal(size=1003).astype(np.float16).astype(np.float32), True),
-                          (np.array([1e-7, 7e4, -0.0, 1.0], np.float32), False)):  # subnormal, overflow
+                          (halves, True),
+                          (np.array([1e-7, 7e4, -0.0, 1.0, 0.5, 2.0, 3.0, 4.0, 5.0], np.float32), False),  # subnormal, overflow
+                          (np.concatenate([halves[:16], [np.nan]]).astype(np.float32), False)):
         out = np.empty(values.shape, np.float16)
         got = lib.b2b_to_half(values.ctypes.data_as(cpu_step._F32P), out.ctypes.data, values.size)
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             want = values.astype(np.float16)
         np.testing.assert_array_equal(out, want)
         assert bool(got) == exact

@@ -56,6 +56,21 @@ def test_openblas_kernels_match_the_cpu():
     assert openblas_core.needs_override(info["blas_core"], flags) is None, (
         f"OpenBLAS runs its {info['blas_core']} kernels on a CPU that supports {openblas_core.best_family(flags)}"
     )
+    own = openblas_core.detected_core(info["blas_path"])  # the library's pick without b2b
+    if info["blas_core_forced"] is None:
+        assert info["blas_core"] == own, "nothing forced: the library's own pick stands"
+    else:
+        assert info["blas_core"].lower() == info["blas_core_forced"].lower() and own != info["blas_core"]
+
+
+@uses_openblas
+def test_the_setting_is_for_the_load_only():
+    # Other OpenBLAS copies (NumPy's) and child processes keep their own pick.
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    code = "import os, b2b; print('OPENBLAS_CORETYPE' in os.environ)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=base, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False"
 
 
 @uses_openblas

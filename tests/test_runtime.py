@@ -103,7 +103,8 @@ def test_gemv_shim_is_built_into_a_private_cache_folder(tmp_path):
     assert proc.stdout.strip() == "True"
     folder = tmp_path / "b2b"
     files = list(folder.iterdir())
-    assert {p.suffix for p in files} == {".so"}  # no temporary files left behind
+    # Builds and the OpenBLAS core-type answer (openblas_core), no temporary files left behind.
+    assert {p.suffix for p in files} <= {".so", ".txt"} and ".so" in {p.suffix for p in files}
     assert any(p.name.startswith("gemv_shim-") for p in files)
     assert folder.stat().st_mode & 0o077 == 0
 
