@@ -1,6 +1,7 @@
 """b2b's C kernels for MLX's CPU backend as MLX primitives, in a small C++ extension
-(ext/ops.cpp): fused softmax attention, forward and backward (cpu_attention.c), and LayerNorm,
-forward and backward (cpu_layernorm.c); see their headers for why. (A GELU kernel in C was
+(ext/ops.cpp): fused softmax attention, forward and backward (cpu_attention.c), LayerNorm,
+forward and backward (cpu_layernorm.c), and the vocabulary projection with its cross-entropy
+(cpu_vocab_loss.c); see their headers for why. (A GELU kernel in C was
 tried too: no faster than fastmath's compiled GELU inside a compiled training step, so it was
 dropped.)
 
@@ -10,7 +11,8 @@ Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile
 with MLX ops. It applies on the CPU device (a GPU has MLX's own fast kernels) to float32, a
 head size that is a multiple of 16 and a key-padding mask, "causal" or no mask; off with
 B2B_CPU_ATTENTION=0. `layer_norm` likewise (float32, with weight and bias; off with
-B2B_CPU_LAYERNORM=0); `set_threads` caps the attention kernel's threads (train/step.py).
+B2B_CPU_LAYERNORM=0), and `vocab_loss` (float32, with the BLAS's cblas_sgemm; off with
+B2B_CPU_VOCAB_LOSS=0); `set_threads` caps the attention kernel's threads (train/step.py).
 
 The extension is built once per source version, MLX and Python version and machine into
 b2b's private cache folder (native.py), with CMake, nanobind (the version MLX itself was
@@ -20,6 +22,7 @@ attention is used and `runtime_info()` says so.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
 import logging
@@ -38,7 +41,8 @@ from . import native
 log = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",), ("cpu_layernorm.c",)))
+SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",),
+                                                   ("cpu_layernorm.c",), ("cpu_vocab_loss.c",), ("cpu_vec.h",)))
 MODULE = "_b2b_ops"
 
 
@@ -94,17 +98,36 @@ def _module():
         # evaluated: this may run inside an mx.compile trace) raises TypeError otherwise.
         x = mx.zeros((1, 1, 2, 16))
         module.attention(x, x, x, None, True)
+        sgemm = _sgemm_address()
+        if sgemm:
+            module.set_sgemm(sgemm)
         return module
     except Exception as e:  # ImportError, OSError, or TypeError from a nanobind ABI mismatch
         log.info("b2b's CPU kernels not used: %s", e)
         return None
 
 
+@lru_cache(maxsize=1)
+def _sgemm_address() -> int | None:
+    """Where cblas_sgemm is: in the BLAS b2b loaded (runtime.py), else anywhere in the process
+    (macOS: Accelerate, which MLX links); None without one."""
+    from . import runtime
+
+    for lib in (runtime._BLAS.get("lib"), ctypes.CDLL(None)):
+        fn = getattr(lib, "cblas_sgemm", None) if lib is not None else None
+        if fn is not None:
+            return ctypes.cast(fn, ctypes.c_void_p).value
+    return None
+
+
 def enabled(kernel: str = "attention") -> bool:
-    """Whether a kernel ("attention" or "layernorm") runs: B2B_CPU_ATTENTION / B2B_CPU_LAYERNORM
-    not 0, MLX on the CPU and the extension built."""
+    """Whether a kernel ("attention", "layernorm" or "vocab_loss") runs: B2B_CPU_ATTENTION /
+    B2B_CPU_LAYERNORM / B2B_CPU_VOCAB_LOSS not 0, MLX on the CPU and the extension built (and,
+    for vocab_loss, a BLAS with cblas_sgemm found)."""
     off = os.environ.get(f"B2B_CPU_{kernel.upper()}", "1").lower() in ("0", "false", "no", "off")
-    return not off and mx.default_device() == mx.cpu and _module() is not None
+    if off or mx.default_device() != mx.cpu or _module() is None:
+        return False
+    return kernel != "vocab_loss" or _sgemm_address() is not None
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, mask) -> mx.array | None:
@@ -137,6 +160,22 @@ def layer_norm(x: mx.array, weight: mx.array, bias: mx.array, eps: float) -> mx.
     return _module().layer_norm(x, weight, bias, float(eps))
 
 
+def vocab_loss(h: mx.array, weight: mx.array, bias: mx.array, labels: mx.array, weights: mx.array,
+               label_smoothing: float = 0.0) -> mx.array | None:
+    """Per-row cross-entropy of the logits h @ weight.T + bias (h (N, C), weight (V, C), bias
+    (V,)) against integer labels (N,), label-smoothed as train/losses.py defines it, without
+    materialising the logits' softmax: (N,), 0 where `weights` (N,) is 0 (those rows are not
+    computed). Differentiable in h, weight and bias. None when the kernel does not take these
+    inputs."""
+    if not (h.ndim == 2 and weight.ndim == 2 and h.shape[1] == weight.shape[1] and bias.shape == weight.shape[:1]
+            and labels.shape == weights.shape == h.shape[:1]
+            and h.dtype == weight.dtype == bias.dtype == mx.float32):
+        return None
+    if not enabled("vocab_loss"):
+        return None
+    return _module().vocab_loss(h, weight, bias, labels, weights, float(label_smoothing))
+
+
 def set_threads(n: int) -> None:
     """At most `n` threads per attention call (0: one per core); for callers that run several
     MLX CPU streams at once and want one thread each."""
@@ -153,5 +192,5 @@ def main() -> None:
     except ImportError as e:
         path = None
         log.info("%s", e)
-    print(f"b2b's CPU kernels (fused attention, LayerNorm): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
+    print(f"b2b's CPU kernels (fused attention, LayerNorm, vocabulary loss): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
 

@@ -44,22 +44,7 @@ static float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-/* Vectors of VW floats, as wide as the CPU's registers (GCC/Clang vector extension: portable,
- * and unaligned loads through memcpy). */
-#if defined(__AVX512F__)
-#define VW 16
-#elif defined(__AVX__)
-#define VW 8
-#else
-#define VW 4
-#endif
-typedef float vf __attribute__((vector_size(VW * sizeof(float))));
-
-static inline vf load(const float *p) {
-    vf v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+#include "cpu_vec.h" /* VW, vf, vi, load, hsum, vexp */
 
 /* Float16 copies of weight matrices (see cpu_step.py: only where they hold the same values)
  * halve the bytes a step streams from memory; products still add up in float32. Where the
@@ -124,12 +109,6 @@ int b2b_to_half(const float *src, hf *dst, long n) {
     (void)src, (void)dst, (void)n;
     return 0;
 #endif
-}
-
-static inline float hsum(vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < VW; i++) s += v[i];
-    return s;
 }
 
 static inline float gelu(float v) { return 0.5f * v * (1.0f + erff(v * (float)M_SQRT1_2)); }
@@ -207,22 +186,6 @@ static void layer_norm(float *x, int R, int C, const float *g, const float *b, f
 
 static void add_into(float *x, const float *h, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += h[i];
-}
-
-/* e^x for a vector, to ~2e-7 relative (Cody-Waite reduction, degree-6 Taylor on |f| <= ln2/2);
- * 0 below -87 (expf there is below 1.7e-38: nothing a softmax or its sum can tell from 0). libm's expf is scalar: a step ran ~150k of them. */
-typedef int vi __attribute__((vector_size(VW * sizeof(int))));
-
-static inline vf vexp(vf x) {
-    const vf hi = (vf){0} + 88.0f, lo = (vf){0} + -87.0f;
-    const vi over = x > hi, under = x < lo;
-    x = (vf)(((vi)x & ~over) | ((vi)hi & over));
-    x = (vf)(((vi)x & ~under) | ((vi)lo & under));
-    const vf r = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
-    const vf f = x - r * 0.693145751953125f - r * 1.428606765330187e-06f;
-    const vf p = 1.0f + f * (1.0f + f * (0.5f + f * (1.6666667e-1f + f * (4.1666668e-2f + f * (8.3333338e-3f + f * 1.3888889e-3f)))));
-    const vi scale = (__builtin_convertvector(r, vi) + 127) << 23; /* 2^r */
-    return (vf)((vi)(p * (vf)scale) & ~under);
 }
 
 /* s[j] = exp(s[j] - max s) / sum, in place; nothing visible (all -inf) gives zeros. */

@@ -25,6 +25,7 @@ from .model import Bert2Bert
 log = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_step.c")
+HEADERS = (os.path.join(os.path.dirname(SOURCE), "cpu_vec.h"),)
 # -march=native: built on the machine that runs it (the build's name carries the CPU's flags).
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
 _F32P = ctypes.POINTER(ctypes.c_float)
@@ -34,7 +35,7 @@ _OFF = ("0", "false", "no", "off")
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     """The built C step, or None."""
-    path = native.build(SOURCE, _FLAGS)
+    path = native.build(SOURCE, _FLAGS, HEADERS)
     if path is None:
         return None
     try:

@@ -45,12 +45,16 @@ class LMHead(nn.Module):
     def __call__(self, h: mx.array, word: nn.Embedding, table_t: mx.array | None = None) -> mx.array:
         """Logits (..., V); `table_t`, a contiguous (C, V) copy of the output matrix, is what
         decoding passes: one row times a transposed (V, C) matrix runs ~2x slower in CPU BLAS."""
-        h = self.norm(fastmath.gelu(self.transform(h)))  # (..., C)
+        h = self.features(h)  # (..., C)
         if table_t is not None:
             return h @ table_t + self.bias
         if "projection" in self:
             return self.projection(h) + self.bias
         return word.as_linear(h) + self.bias  # (..., V)
+
+    def features(self, h: mx.array) -> mx.array:
+        """The states the vocabulary projection reads (..., C): Linear + GELU + LayerNorm."""
+        return self.norm(fastmath.gelu(self.transform(h)))
 
     def output_matrix(self, word: nn.Embedding) -> mx.array:
         """The (V, C) matrix the logits are products with: the word table when tied."""
@@ -166,6 +170,12 @@ class Bert2Bert(nn.Module):
     def output_matrix(self) -> mx.array:
         """The decoder's (V, C) output matrix (the shared word table unless untied)."""
         return self._dec_lm_head().output_matrix(self.encoder.embeddings.word)
+
+    def lm_projection(self, h: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """lm_logits in parts, for losses that never form the logits: (features (..., C),
+        matrix (V, C), bias (V,)) with logits == features @ matrix.T + bias."""
+        head = self._dec_lm_head()
+        return head.features(h), head.output_matrix(self.encoder.embeddings.word), head.bias
 
     def __call__(self, src_ids: mx.array, src_mask: mx.array, tgt_ids: mx.array) -> mx.array:
         """Teacher-forced logits (B, T, V)."""

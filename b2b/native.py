@@ -99,8 +99,9 @@ def cached(name: str, make: Callable[[str], None], retry: bool = False) -> str |
     return None
 
 
-def build(source: str, flags: tuple[str, ...] = ("-O2",)) -> str | None:
-    """Path of the compiled C `source` (built now if this version has no build yet), or None."""
+def build(source: str, flags: tuple[str, ...] = ("-O2",), headers: tuple[str, ...] = ()) -> str | None:
+    """Path of the compiled C `source` (built now if this version has no build yet), or None;
+    `headers`: the files it includes, part of its version."""
     def make(path: str) -> None:
         compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if not compiler:
@@ -108,4 +109,4 @@ def build(source: str, flags: tuple[str, ...] = ("-O2",)) -> str | None:
         cmd = [compiler, *flags, "-shared", "-fPIC", source, "-o", path, "-lm"]
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
 
-    return cached(library_name(source, flags), make)
+    return cached(library_name(source, flags, headers), make)

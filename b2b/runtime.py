@@ -177,6 +177,7 @@ def runtime_info() -> dict:
         "cpu_step": cpu_step.available(),
         "cpu_attention": cpu_ops.enabled(),
         "cpu_layernorm": cpu_ops.enabled("layernorm"),
+        "cpu_vocab_loss": cpu_ops.enabled("vocab_loss"),
         "platform": f"{platform.system()} {platform.machine()}",
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),

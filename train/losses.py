@@ -1,10 +1,11 @@
 """Losses. Logits are computed only where a prediction is scored: on a CPU, MLX's exp is
-scalar and the vocabulary softmax dominates a step."""
+scalar and the vocabulary softmax dominates a step (the summary loss: b2b's fused kernel,
+cpu_ops.vocab_loss, where it applies)."""
 from __future__ import annotations
 
 import mlx.core as mx
 
-from b2b import Bert2Bert
+from b2b import Bert2Bert, cpu_ops
 from b2b.fastmath import cross_entropy as _nll_and_lse
 
 
@@ -57,8 +58,20 @@ def seq2seq_loss(
     """Teacher-forced summary loss: decoder input tgt[:, :-1], labels tgt[:, 1:], padding
     ignored. Returns (loss, (loss, scored tokens))."""
     dec_in, labels = tgt[:, :-1], tgt[:, 1:]
-    weights = (labels != model.config.pad_id).astype(mx.float32)
+    weights = (labels != model.config.pad_id).astype(mx.float32).reshape(-1)
     h = model.decode(dec_in, model.encode(src, src_mask), src_mask)  # (B, T, C)
-    logits = model.lm_logits(h.reshape(-1, h.shape[-1]))  # (B*T, V)
-    loss, n = cross_entropy(logits, labels.reshape(-1), weights.reshape(-1), label_smoothing)
+    h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)  # (B*T, C), (B*T,)
+    # On the CPU, b2b's fused kernel computes the loss without the (B*T, V) logits in memory
+    # and skips padding; elsewhere (or without it) the logits are formed.
+    features, matrix, bias = model.lm_projection(h)
+    rows = cpu_ops.vocab_loss(features, matrix, bias, labels, weights, label_smoothing)
+    if rows is None:
+        return _logits_loss(model, h, labels, weights, label_smoothing)
+    n = weights.sum()
+    loss = (rows * weights).sum() / mx.maximum(n, 1.0)
+    return loss, (loss, n)
+
+
+def _logits_loss(model: Bert2Bert, h: mx.array, labels: mx.array, weights: mx.array, label_smoothing: float):
+    loss, n = cross_entropy(model.lm_logits(h), labels, weights, label_smoothing)  # logits (N, V)
     return loss, (loss, n)

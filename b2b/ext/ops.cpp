@@ -1,4 +1,5 @@
-// b2b's C kernels for MLX's CPU backend (../cpu_attention.c) as MLX primitives,
+// b2b's C kernels for MLX's CPU backend (../cpu_attention.c, ../cpu_layernorm.c,
+// ../cpu_vocab_loss.c) as MLX primitives,
 // so that they run inside MLX's graph: under mx.compile and value_and_grad like any op, in
 // training too. (Calling C on numpy views instead evaluates arrays mid-graph, which MLX cannot
 // compile and which keeps every array of a traced training step alive.)
@@ -36,6 +37,14 @@ void b2b_layer_norm_forward(const float* x, const float* w, const float* b, long
                             float* mean, float* rstd);
 int b2b_layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
                             long rows, int C, float* dx, float* dw, float* db);
+void b2b_set_sgemm(void* fn);
+int b2b_has_sgemm(void);
+int b2b_vocab_loss_forward(const float* h, const float* W, const float* bias, const int32_t* labels,
+                           const float* weights, long N, int C, int V, float smoothing, float* loss, float* lse,
+                           float* logits);
+int b2b_vocab_loss_backward(const float* h, const float* W, const int32_t* labels, const float* weights,
+                            const float* logits, const float* lse, const float* cot, long N, int C, int V,
+                            float smoothing, float* dh, float* dW, float* dbias);
 }
 
 namespace {
@@ -247,6 +256,76 @@ class LayerNormForward : public NormPrimitive {
   }
 };
 
+// The vocabulary projection and its cross-entropy (../cpu_vocab_loss.c); the setting is the
+// label smoothing.
+void vocab_loss_check(int code, const char* where) {
+  if (code == -1) throw std::runtime_error(std::string("b2b vocab loss ") + where + ": out of memory");
+  if (code == -2) throw std::runtime_error(std::string("b2b vocab loss ") + where + ": a label is outside the vocabulary");
+  if (code != 0) throw std::runtime_error(std::string("b2b vocab loss ") + where + ": no sgemm was set");
+}
+
+class VocabLossBackward : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  // inputs: h, W, labels, weights, logits, lse, cotangent (N,); outputs: dh, dW, dbias.
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    const float *h = in[0].data<float>(), *W = in[1].data<float>(), *weights = in[3].data<float>(),
+                *logits = in[4].data<float>(), *lse = in[5].data<float>(), *cot = in[6].data<float>();
+    const int32_t* labels = in[2].data<int32_t>();
+    float *dh = outs[0].data<float>(), *dW = outs[1].data<float>(), *db = outs[2].data<float>();
+    long N = in[0].shape(0);
+    int C = in[0].shape(1), V = in[1].shape(0);
+    float smoothing = setting_;
+    enc.dispatch([=]() {
+      vocab_loss_check(
+          b2b_vocab_loss_backward(h, W, labels, weights, logits, lse, cot, N, C, V, smoothing, dh, dW, db), "backward");
+    });
+  }
+  const char* name() const override { return "B2BVocabLossBackward"; }
+};
+
+class VocabLossForward : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  // inputs: h (N, C), W (V, C), bias (V,), labels (N,) int32, weights (N,); outputs: loss (N,),
+  // lse (N,), logits (N, V) (the last two for the backward only).
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    const float *h = in[0].data<float>(), *W = in[1].data<float>(), *bias = in[2].data<float>(),
+                *weights = in[4].data<float>();
+    const int32_t* labels = in[3].data<int32_t>();
+    float *loss = outs[0].data<float>(), *lse = outs[1].data<float>(), *logits = outs[2].data<float>();
+    long N = in[0].shape(0);
+    int C = in[0].shape(1), V = in[1].shape(0);
+    float smoothing = setting_;
+    enc.dispatch([=]() {
+      vocab_loss_check(b2b_vocab_loss_forward(h, W, bias, labels, weights, N, C, V, smoothing, loss, lse, logits),
+                       "forward");
+    });
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>& outputs) override {
+    // Only the loss is returned to Python: lse's and the logits' cotangents are zero, ignored.
+    auto cot = mx::contiguous(mx::astype(cotangents[0], mx::float32, stream()), false, stream());
+    auto grads = mx::array::make_arrays(
+        {primals[0].shape(), primals[1].shape(), primals[2].shape()}, {mx::float32, mx::float32, mx::float32},
+        std::make_shared<VocabLossBackward>(stream(), setting_),
+        {primals[0], primals[1], primals[3], primals[4], outputs[2], outputs[1], cot});
+    std::vector<mx::array> result;
+    for (int i : argnums) result.push_back(i < 3 ? grads[i] : mx::zeros_like(primals[i], stream()));
+    return result;
+  }
+
+  const char* name() const override { return "B2BVocabLoss"; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override {
+    return {{in[0].shape(0)}, {in[0].shape(0)}, {in[0].shape(0), in[1].shape(0)}};
+  }
+};
+
 }  // namespace
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, std::optional<mx::array> key_mask,
@@ -284,10 +363,30 @@ mx::array layer_norm(const mx::array& x, const mx::array& w, const mx::array& b,
   return outs[0];
 }
 
+mx::array vocab_loss(const mx::array& h, const mx::array& w, const mx::array& bias, const mx::array& labels,
+                     const mx::array& weights, float smoothing) {
+  if (h.ndim() != 2 || w.ndim() != 2 || h.dtype() != mx::float32 || w.dtype() != mx::float32 ||
+      bias.dtype() != mx::float32 || h.shape(1) != w.shape(1) || bias.shape() != mx::Shape{w.shape(0)} ||
+      labels.shape() != mx::Shape{h.shape(0)} || weights.shape() != mx::Shape{h.shape(0)})
+    throw std::invalid_argument("b2b vocab_loss: float32 h (N, C), W (V, C), bias (V,), labels and weights (N,)");
+  if (!b2b_has_sgemm()) throw std::runtime_error("b2b vocab_loss: no sgemm was set (set_sgemm)");
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto c = [&](const mx::array& a, mx::Dtype t) { return mx::contiguous(mx::astype(a, t, s), false, s); };
+  auto outs = mx::array::make_arrays(
+      {{h.shape(0)}, {h.shape(0)}, {h.shape(0), w.shape(0)}}, {mx::float32, mx::float32, mx::float32},
+      std::make_shared<VocabLossForward>(s, smoothing),
+      {c(h, mx::float32), c(w, mx::float32), c(bias, mx::float32), c(labels, mx::int32), c(weights, mx::float32)});
+  return outs[0];
+}
+
 NB_MODULE(_b2b_ops, m) {
   m.doc() = "b2b's C kernels for MLX's CPU backend, as MLX primitives";
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("key_mask").none(),
         nb::arg("causal"));
   m.def("layer_norm", &layer_norm, nb::arg("x"), nb::arg("weight"), nb::arg("bias"), nb::arg("eps"));
+  m.def("vocab_loss", &vocab_loss, nb::arg("h"), nb::arg("weight"), nb::arg("bias"), nb::arg("labels"),
+        nb::arg("weights"), nb::arg("label_smoothing"));
+  m.def("set_sgemm", [](uintptr_t fn) { b2b_set_sgemm(reinterpret_cast<void*>(fn)); }, nb::arg("address"),
+        "the address of cblas_sgemm, for vocab_loss");
   m.def("set_threads", &b2b_set_threads, nb::arg("n"), "threads per attention call at most (0: one per core, up to 8)");
 }
