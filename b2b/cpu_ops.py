@@ -1,18 +1,19 @@
 """b2b's C kernels for MLX's CPU backend as MLX primitives, in a small C++ extension
 (ext/ops.cpp): fused softmax attention, forward and backward (cpu_attention.c), LayerNorm,
-forward and backward (cpu_layernorm.c), and the vocabulary projection with its cross-entropy
-(cpu_vocab_loss.c); see their headers for why. (A GELU kernel in C was
-tried too: no faster than fastmath's compiled GELU inside a compiled training step, so it was
-dropped.)
+forward and backward (cpu_layernorm.c), the vocabulary projection with its cross-entropy
+(cpu_vocab_loss.c) and one AdamW update (cpu_adamw.c); see their headers for why. (A GELU
+kernel in C was tried too: no faster than fastmath's compiled GELU inside a compiled training
+step, so it was dropped.)
 
 Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile` and
 `value_and_grad`, so training uses them as well as inference. `attention(q, k, v, mask)`
 (scaled q) returns None where it does not apply, and `fastmath` then computes the same thing
 with MLX ops. It applies on the CPU device (a GPU has MLX's own fast kernels) to float32, a
 head size that is a multiple of 16 and a key-padding mask, "causal" or no mask; off with
-B2B_CPU_ATTENTION=0. `layer_norm` likewise (float32, with weight and bias; off with
-B2B_CPU_LAYERNORM=0), and `vocab_loss` (float32, with the BLAS's cblas_sgemm; off with
-B2B_CPU_VOCAB_LOSS=0); `set_threads` caps the attention kernel's threads (train/step.py).
+B2B_CPU_ATTENTION=0. The others likewise return None where they do not apply: `layer_norm`
+(float32, with weight and bias; off with B2B_CPU_LAYERNORM=0), `vocab_loss` (float32, with the
+BLAS's cblas_sgemm; B2B_CPU_VOCAB_LOSS=0) and `adamw` (float32; B2B_CPU_ADAMW=0).
+`set_threads` caps the attention kernel's threads (train/step.py).
 
 The extension is built once per source version, MLX and Python version and machine into
 b2b's private cache folder (native.py), with CMake, nanobind (the version MLX itself was
@@ -42,7 +43,8 @@ log = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",),
-                                                   ("cpu_layernorm.c",), ("cpu_vocab_loss.c",), ("cpu_vec.h",)))
+                                                   ("cpu_layernorm.c",), ("cpu_vocab_loss.c",), ("cpu_vec.h",),
+                                                   ("cpu_adamw.c",)))
 MODULE = "_b2b_ops"
 
 
@@ -121,9 +123,9 @@ def _sgemm_address() -> int | None:
 
 
 def enabled(kernel: str = "attention") -> bool:
-    """Whether a kernel ("attention", "layernorm" or "vocab_loss") runs: B2B_CPU_ATTENTION /
-    B2B_CPU_LAYERNORM / B2B_CPU_VOCAB_LOSS not 0, MLX on the CPU and the extension built (and,
-    for vocab_loss, a BLAS with cblas_sgemm found)."""
+    """Whether a kernel ("attention", "layernorm", "vocab_loss" or "adamw") runs: its
+    B2B_CPU_<KERNEL> not 0, MLX on the CPU and the extension built (and, for vocab_loss, a
+    BLAS with cblas_sgemm found)."""
     off = os.environ.get(f"B2B_CPU_{kernel.upper()}", "1").lower() in ("0", "false", "no", "off")
     if off or mx.default_device() != mx.cpu or _module() is None:
         return False
@@ -174,6 +176,18 @@ def vocab_loss(h: mx.array, weight: mx.array, bias: mx.array, labels: mx.array, 
     if not enabled("vocab_loss"):
         return None
     return _module().vocab_loss(h, weight, bias, labels, weights, float(label_smoothing))
+
+
+def adamw(p: mx.array, g: mx.array, m: mx.array, v: mx.array, coef: mx.array,
+          hyper: tuple[float, ...]) -> tuple[mx.array, mx.array, mx.array] | None:
+    """One AdamW update of float32 parameter p with gradient g and moments m, v (cpu_adamw.c
+    has the formula): the new (p, m, v). coef: (scale, decay, c1, c2) as a float32 array; hyper:
+    (b1, 1 - b1, b2, 1 - b2, eps). None when the kernel does not take these inputs."""
+    if not (p.dtype == g.dtype == m.dtype == v.dtype == mx.float32 and p.shape == g.shape == m.shape == v.shape):
+        return None
+    if not enabled("adamw"):
+        return None
+    return tuple(_module().adamw(p, g, m, v, coef, [float(x) for x in hyper]))
 
 
 def set_threads(n: int) -> None:

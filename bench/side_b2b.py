@@ -3,16 +3,15 @@ from __future__ import annotations
 
 import os
 import time
-from functools import partial
 
 import numpy as np
 
 import b2b  # noqa: F401 - preloads the BLAS before mlx.core
 import mlx.core as mx
-import mlx.optimizers as optim
 
 from b2b import B2BConfig, Bert2Bert, DecodingConfig, generate
 from train.finetune import SummarizationTask
+from train.optim import AdamW, global_norm, make_update
 from train.losses import mlm_loss, seq2seq_loss
 from train.pretrain import MLMTask
 from train.step import GradStep, auto_shards
@@ -46,25 +45,20 @@ class Side:
         model.eval()
         check = float(loss_fn(model, *(mx.array(a) for a in arrays))[0].item())  # no dropout: must equal HF's loss
         model.train()
-        optimizer = optim.AdamW(learning_rate=1e-4, weight_decay=0.01)
+        optimizer = AdamW(learning_rate=1e-4, weight_decay=0.01)
         shards = auto_shards(len(arrays[0]))
         grad_step = self._grad_step = GradStep(model, loss_fn, shards, counts)  # train.loop's
-        state = [model.state, optimizer.state, mx.random.state]
-
-        @partial(mx.compile, inputs=state, outputs=state)
-        def apply_step(grads):
-            grads, norm = optim.clip_grad_norm(grads, 1.0)
-            optimizer.update(model, grads)
-            return norm
-
+        grad_norm, apply_step = mx.compile(global_norm), make_update(model, optimizer, 1.0)  # and its update
         seeds = iter(range(1 << 30))
 
         def step() -> float:
             loss, aux, grads = grad_step(next(seeds), *arrays)
             value = loss.item()
             [a.item() for a in aux]
-            norm = apply_step(grads)
-            mx.eval(model.parameters(), optimizer.state, norm)
+            norm = grad_norm(grads)
+            norm.item()  # (the loop checks that it is finite)
+            apply_step(grads, norm)
+            mx.eval(model.parameters(), optimizer.state)
             return value
 
         self._step, self._optimizer = step, optimizer

@@ -12,19 +12,19 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Protocol, Sequence
 
 import mlx.core as mx
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_map, tree_reduce
+from mlx.utils import tree_map
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from b2b import Bert2Bert, Tokenizer, runtime_info
 
 from .checkpoints import TrainerState, list_checkpoints, prune_checkpoints, restore, save_run_checkpoint
+from .optim import AdamW, global_norm, make_update
 from .settings import TrainSettings
 from .step import GradStep, auto_shards
 from .writer import MetricWriter
@@ -86,17 +86,12 @@ def make_optimizer(s: TrainSettings, total_steps: int) -> optim.Optimizer:
     """AdamW on the schedule; with `--new-lr-scale`, cross-attention (the part a BERT warm start
     cannot initialise) gets its own AdamW at a multiple of it, so it catches up with the
     pretrained rest instead of leaving the decoder a source-blind language model for longer."""
-    base = optim.AdamW(learning_rate=make_schedule(s, total_steps), weight_decay=s.weight_decay)
+    base = AdamW(learning_rate=make_schedule(s, total_steps), weight_decay=s.weight_decay)
     if s.new_lr_scale == 1.0:
         return base
     scaled = dataclasses.replace(s, lr=s.lr * s.new_lr_scale)
-    fresh = optim.AdamW(learning_rate=make_schedule(scaled, total_steps), weight_decay=s.weight_decay)
+    fresh = AdamW(learning_rate=make_schedule(scaled, total_steps), weight_decay=s.weight_decay)
     return optim.MultiOptimizer([fresh, base], [lambda path, _: ".cross_attn" in path])
-
-
-def global_norm(grads) -> mx.array:
-    """The L2 norm of all gradients together, in float32."""
-    return mx.sqrt(tree_reduce(lambda acc, g: acc + g.astype(mx.float32).square().sum(), grads, mx.array(0.0)))
 
 
 def base_learning_rate(optimizer: optim.Optimizer) -> float:
@@ -164,15 +159,8 @@ def run(
 
     shards = s.cpu_shards or auto_shards(s.batch_size)
     grad_step = GradStep(model, task.loss, shards, task.aux_counts)
-    mstate = [model.state, optimizer.state, mx.random.state]
     grad_norm = mx.compile(global_norm)
-
-    @partial(mx.compile, inputs=mstate, outputs=mstate)
-    def apply_step(grads, norm):
-        if s.clip_norm > 0:  # as optim.clip_grad_norm, with the norm already known
-            scale = mx.minimum(s.clip_norm / (norm + 1e-6), 1.0)
-            grads = tree_map(lambda g: g * scale, grads)
-        optimizer.update(model, grads)
+    apply_step = make_update(model, optimizer, s.clip_norm)
 
     writer = MetricWriter(run_dir, flush_secs=s.flush_secs, purge_step=state.step + 1 if s.resume else None)
     writer.hparams({"settings": vars(s), "model": model.config.to_dict(), "runtime": runtime_info(), "task": task.name})

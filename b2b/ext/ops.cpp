@@ -1,5 +1,5 @@
 // b2b's C kernels for MLX's CPU backend (../cpu_attention.c, ../cpu_layernorm.c,
-// ../cpu_vocab_loss.c) as MLX primitives,
+// ../cpu_vocab_loss.c, ../cpu_adamw.c) as MLX primitives,
 // so that they run inside MLX's graph: under mx.compile and value_and_grad like any op, in
 // training too. (Calling C on numpy views instead evaluates arrays mid-graph, which MLX cannot
 // compile and which keeps every array of a traced training step alive.)
@@ -16,6 +16,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/mlx.h"
@@ -37,6 +38,8 @@ void b2b_layer_norm_forward(const float* x, const float* w, const float* b, long
                             float* mean, float* rstd);
 int b2b_layer_norm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
                             long rows, int C, float* dx, float* dw, float* db);
+void b2b_adamw(const float* p, const float* g, const float* m, const float* v, long n, const float* coef,
+               const float* hyper, float* p_out, float* m_out, float* v_out);
 void b2b_set_sgemm(void* fn);
 int b2b_has_sgemm(void);
 int b2b_vocab_loss_forward(const float* h, const float* W, const float* bias, const int32_t* labels,
@@ -326,6 +329,50 @@ class VocabLossForward : public CpuPrimitive {
   }
 };
 
+// One AdamW update (../cpu_adamw.c). inputs: p, g, m, v (one shape, contiguous), coef (4,);
+// outputs: p, m, v updated, in the inputs' buffers where MLX lets them go (donation).
+class AdamW : public mx::Primitive {
+ public:
+  AdamW(mx::Stream s, std::vector<float> hyper) : mx::Primitive(s), hyper_(std::move(hyper)) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    // Each of the three outputs holds its own copy of the inputs, which MLX drops right after
+    // this call (detach); without dropping the other two copies now no input is ever
+    // donatable, and every step would write ~3 x the model's size into fresh pages.
+    for (auto& o : outs)
+      if (&o.inputs() != &in) o.inputs().clear();
+    for (int i = 0; i < 3; i++) {
+      const auto& src = in[i == 0 ? 0 : i + 1];  // p -> p, m -> m, v -> v
+      if (src.is_donatable() && src.flags().row_contiguous)
+        outs[i].copy_shared_buffer(src);
+      else
+        outs[i].set_data(mx::allocator::malloc(outs[i].nbytes()));
+    }
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    for (auto& o : outs) enc.set_output_array(o);
+    const float *p = in[0].data<float>(), *g = in[1].data<float>(), *m = in[2].data<float>(), *v = in[3].data<float>(),
+                *coef = in[4].data<float>();
+    float *po = outs[0].data<float>(), *mo = outs[1].data<float>(), *vo = outs[2].data<float>();
+    long n = (long)in[0].size();
+    auto hyper = hyper_;
+    enc.dispatch([=]() { b2b_adamw(p, g, m, v, n, coef, hyper.data(), po, mo, vo); });
+  }
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("B2BAdamW runs on the CPU only");
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return typeid(*this) == typeid(other) && hyper_ == static_cast<const AdamW&>(other).hyper_;
+  }
+  const char* name() const override { return "B2BAdamW"; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override {
+    return {in[0].shape(), in[0].shape(), in[0].shape()};
+  }
+
+ private:
+  std::vector<float> hyper_;  // b1, 1 - b1, b2, 1 - b2, eps
+};
+
 }  // namespace
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, std::optional<mx::array> key_mask,
@@ -379,6 +426,19 @@ mx::array vocab_loss(const mx::array& h, const mx::array& w, const mx::array& bi
   return outs[0];
 }
 
+std::vector<mx::array> adamw(const mx::array& p, const mx::array& g, const mx::array& m, const mx::array& v,
+                             const mx::array& coef, std::vector<float> hyper) {
+  for (const auto* a : {&p, &g, &m, &v})
+    if (a->dtype() != mx::float32 || a->shape() != p.shape())
+      throw std::invalid_argument("b2b adamw: float32 parameter, gradient, m and v of one shape");
+  if (coef.dtype() != mx::float32 || coef.size() != 4 || hyper.size() != 5)
+    throw std::invalid_argument("b2b adamw: coef (4,) float32 and 5 hyperparameters");
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto c = [&](const mx::array& a) { return mx::contiguous(a, false, s); };
+  return mx::array::make_arrays({p.shape(), p.shape(), p.shape()}, {mx::float32, mx::float32, mx::float32},
+                                std::make_shared<AdamW>(s, std::move(hyper)), {c(p), c(g), c(m), c(v), c(coef)});
+}
+
 NB_MODULE(_b2b_ops, m) {
   m.doc() = "b2b's C kernels for MLX's CPU backend, as MLX primitives";
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("key_mask").none(),
@@ -386,6 +446,8 @@ NB_MODULE(_b2b_ops, m) {
   m.def("layer_norm", &layer_norm, nb::arg("x"), nb::arg("weight"), nb::arg("bias"), nb::arg("eps"));
   m.def("vocab_loss", &vocab_loss, nb::arg("h"), nb::arg("weight"), nb::arg("bias"), nb::arg("labels"),
         nb::arg("weights"), nb::arg("label_smoothing"));
+  m.def("adamw", &adamw, nb::arg("p"), nb::arg("g"), nb::arg("m"), nb::arg("v"), nb::arg("coef"), nb::arg("hyper"),
+        "one AdamW update: (p, m, v) new");
   m.def("set_sgemm", [](uintptr_t fn) { b2b_set_sgemm(reinterpret_cast<void*>(fn)); }, nb::arg("address"),
         "the address of cblas_sgemm, for vocab_loss");
   m.def("set_threads", &b2b_set_threads, nb::arg("n"), "threads per attention call at most (0: one per core, up to 8)");
