@@ -6,7 +6,7 @@
  * at ~10 GFLOP/s: ~3 s of a ~9 s fine-tuning step. Here each (batch, head) pair is one task
  * for a small pool of threads, and a block of RB query rows goes through scores, softmax and
  * output while its (RB, Tk) tile is in cache; every product is the one register-blocked kernel
- * `gemm` (6 x 16 register tiles), exp is a vectorised polynomial. Same contract as fastmath._attention:
+ * `gemm` (register tiles), exp is a vectorised polynomial (cpu_vec.h, as wide as the CPU's vectors). Same contract as fastmath._attention:
  * q already scaled; returns the output and each row's log-normaliser, which the backward uses
  * to recompute the probabilities (flash-attention style: no (Tq, Tk) array is kept).
  *
@@ -26,8 +26,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu_vec.h" /* vf: VW floats (16 with AVX-512), vexp, splat, vmaximum */
+
 typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
 
 static inline v8 ld(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
 static inline void st(float *p, v8 x) { memcpy(p, &x, sizeof x); }
@@ -42,41 +43,6 @@ static inline v8 bc(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 #define IN_REGISTERS(a, b) ((void)0)
 #endif
 
-/* Lanes of a where `keep` is all ones, else of b (C has no vector ?:). */
-static inline v8 vselect(v8i keep, v8 a, v8 b) {
-    v8i ia, ib;
-    memcpy(&ia, &a, sizeof ia);
-    memcpy(&ib, &b, sizeof ib);
-    ia = (ia & keep) | (ib & ~keep);
-    memcpy(&a, &ia, sizeof a);
-    return a;
-}
-
-static inline v8 vmax(v8 a, v8 b) { return vselect(a > b, a, b); }
-
-/* exp for x <= 0 (the scores minus their row maximum): Cephes' expf polynomial after reducing
- * by n * ln 2, relative error ~2e-7; exactly 0 below -87 (masked keys are -inf). */
-static inline v8 vexp(v8 x) {
-    const v8 lo = bc(-87.0f);
-    v8i keep = x > lo;
-    x = vselect(keep, x, lo);
-    v8 n = x * bc(1.44269504088896341f) + bc(12582912.0f);  /* round to nearest, magic constant */
-    n = n - bc(12582912.0f);
-    v8 r = x - n * bc(0.693359375f);
-    r = r - n * bc(-2.12194440e-4f);
-    v8 p = bc(1.9875691500e-4f);
-    p = p * r + bc(1.3981999507e-3f);
-    p = p * r + bc(8.3334519073e-3f);
-    p = p * r + bc(4.1665795894e-2f);
-    p = p * r + bc(1.6666665459e-1f);
-    p = p * r + bc(5.0000001201e-1f);
-    p = p * r * r + r + bc(1.0f);
-    v8i e = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8 scale;
-    memcpy(&scale, &e, sizeof scale);
-    return vselect(keep, p * scale, bc(0.0f));
-}
-
 #define RB 48  /* query rows per block: its (RB, Tk) tiles stay in L2 */
 
 #if defined(__AVX512F__)
@@ -87,17 +53,65 @@ static inline void st16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 
 /* C (M, N) (+)= A (M, K) . B (K, N). A is read by strides (as0 between rows, as1 along K), so a
  * transposed tile needs no copy; B and C rows are contiguous with strides ldb, ldc; N % 16 == 0.
- * 12 x 16 tiles in 512-bit registers where AVX-512 is available, then 6 x 16 register
- * tiles (then 4 x 16, then single rows): per 6 x 16 tile and k, two loads of B, one broadcast
- * of A per row, two FMAs per row. */
+ * Where AVX-512 is available, 12-row panels in 512-bit registers (12 x 32 tiles over a k-major
+ * copy of A when N is large, else 12 x 16 tiles); then 6 x 16 register tiles (then 4 x 16, then
+ * single rows): per 6 x 16 tile and k, two loads of B, one broadcast of A per row, two FMAs
+ * per row. */
 static void gemm(int M, int N, int K, const float *A, long as0, long as1, const float *B, long ldb,
                  float *C, long ldc, int accumulate) {
     int i = 0;
 #if defined(__AVX512F__)
-    /* 12 x 16 tiles in 512-bit registers: per k one load of B and twelve broadcast FMAs (twice
-     * the arithmetic per instruction of the 256-bit tiles below; B4 x 12 x 512 x 32 forward +
-     * backward on one core, 91 -> 75 ms measured on a Xeon with AVX-512). */
-    for (; i + 12 <= M; i += 12) {
+    /* 12 x 32 tiles in 512-bit registers (then 12 x 16): per k two loads of B and twelve
+     * broadcasts of A, each feeding two FMAs. The 12 rows of A are first copied k-major into
+     * `ap`, so that the broadcasts are at fixed offsets from one pointer: read through A's
+     * strides, each costs address arithmetic on the ports the FMAs need. (One core,
+     * B4 x 12 x 512 x 32, forward + backward, with the softmax passes: 256-bit 6 x 16 tiles
+     * 91 ms; 512-bit 12 x 16 tiles reading A by strides 75-79 ms; these, and the softmax
+     * passes in 512-bit vectors, 69 ms.) */
+    float ap[12 * 512];
+    for (; i + 12 <= M && K <= 512 && N >= 128; i += 12) { /* (the copy pays off over many columns) */
+        for (int k = 0; k < K; k++)
+            for (int r = 0; r < 12; r++) ap[k * 12 + r] = A[(i + r) * as0 + k * as1];
+        int j = 0;
+        for (; j + 32 <= N; j += 32) {
+            v16 c[12][2];
+            for (int r = 0; r < 12; r++) c[r][0] = c[r][1] = (v16){0};
+            const float *b = B + j, *a = ap;
+            for (int k = 0; k < K; k++, b += ldb, a += 12) {
+                v16 b0 = ld16(b), b1 = ld16(b + 16);
+                __asm__("" : "+v"(b0), "+v"(b1)); /* two loads of B, not 24 memory operands */
+                for (int r = 0; r < 12; r++) {
+                    c[r][0] += a[r] * b0;
+                    c[r][1] += a[r] * b1;
+                }
+            }
+            float *cp = C + i * ldc + j;
+            for (int r = 0; r < 12; r++) {
+                if (accumulate) {
+                    c[r][0] += ld16(cp + r * ldc);
+                    c[r][1] += ld16(cp + r * ldc + 16);
+                }
+                st16(cp + r * ldc, c[r][0]);
+                st16(cp + r * ldc + 16, c[r][1]);
+            }
+        }
+        for (; j < N; j += 16) {
+            v16 c[12];
+            for (int r = 0; r < 12; r++) c[r] = (v16){0};
+            const float *b = B + j, *a = ap;
+            for (int k = 0; k < K; k++, b += ldb, a += 12) {
+                v16 b0 = ld16(b);
+                __asm__("" : "+v"(b0));
+                for (int r = 0; r < 12; r++) c[r] += a[r] * b0;
+            }
+            float *cp = C + i * ldc + j;
+            for (int r = 0; r < 12; r++) {
+                if (accumulate) c[r] += ld16(cp + r * ldc);
+                st16(cp + r * ldc, c[r]);
+            }
+        }
+    }
+    for (; i + 12 <= M; i += 12) { /* 12 x 16, A read through its strides */
         const float *a0 = A + i * as0;
         for (int j = 0; j < N; j += 16) {
             v16 c[12];
@@ -235,7 +249,7 @@ static void key_bias(const Shape *sh, int b, int Tkp, float *madd) {
 static void mask_scores(const Shape *sh, const Scratch *w, int i0, int rows) {
     for (int r = 0; r < rows; r++) {
         float *s = w->s + (size_t)r * w->Tkp;
-        for (int j = 0; j < w->Tkp; j += 8) st(s + j, ld(s + j) + ld(w->madd + j));
+        for (int j = 0; j < w->Tkp; j += VW) store(s + j, load(s + j) + load(w->madd + j));
         if (sh->causal) {
             int limit = i0 + r + sh->Tk - sh->Tq + 1;  /* first key this row may not see */
             for (int j = limit < 0 ? 0 : limit; j < w->Tkp; j++) s[j] = -INFINITY;
@@ -243,22 +257,23 @@ static void mask_scores(const Shape *sh, const Scratch *w, int i0, int rows) {
     }
 }
 
+/* Rows are Tkp long: a multiple of 16, so of VW. */
 static float row_max(const float *s, int n) {
-    v8 m = bc(-INFINITY);
-    for (int j = 0; j < n; j += 8) { v8 x = ld(s + j); m = vmax(m, x); }
-    float r = m[0];
-    for (int t = 1; t < 8; t++) r = m[t] > r ? m[t] : r;
-    return r;
+    vf m = splat(-INFINITY);
+    for (int j = 0; j < n; j += VW) m = vmaximum(load(s + j), m);
+    return hmax(m);
 }
 
 /* p = exp(s - shift) over a row; returns the sum. A shift of -inf (no key) gives zeros. */
 static float row_exp(const float *s, float shift, int n, float *p) {
     if (shift == -INFINITY) { memset(p, 0, sizeof(float) * n); return 0.0f; }
-    v8 sum = bc(0), sh = bc(shift);
-    for (int j = 0; j < n; j += 8) { v8 e = vexp(ld(s + j) - sh); st(p + j, e); sum += e; }
-    float r = 0.0f;
-    for (int t = 0; t < 8; t++) r += sum[t];
-    return r;
+    vf sum = splat(0.0f), sh = splat(shift);
+    for (int j = 0; j < n; j += VW) {
+        vf e = vexp(load(s + j) - sh);
+        store(p + j, e);
+        sum += e;
+    }
+    return hsum(sum);
 }
 
 /* Threads for one call: the cores, at most 8. Plain pthreads, not OpenMP: MLX calls this from
@@ -345,8 +360,8 @@ static void backward_head(const Args *a, Scratch *w, int bh) {
             float delta = 0.0f;
             for (int c = 0; c < D; c++) delta += d[c] * o[c];
             float *s = w->s + (size_t)r * w->Tkp, *p = w->p + (size_t)r * w->Tkp;
-            v8 dl = bc(delta);
-            for (int j = 0; j < w->Tkp; j += 8) st(s + j, ld(p + j) * (ld(s + j) - dl));
+            vf dl = splat(delta);
+            for (int j = 0; j < w->Tkp; j += VW) store(s + j, load(p + j) * (load(s + j) - dl));
         }
         gemm(rows, D, Tk, w->s, w->Tkp, 1, kh, a->ks[2], dqh + (size_t)i0 * D, D, 0);  /* dQ = dS K */
         gemm(Tk, D, rows, w->s, 1, w->Tkp, w->qb, D, dkh, D, 1);  /* dK += dS^T Q */

@@ -1,5 +1,5 @@
 /* Float vectors as wide as the CPU's registers, and a vector exp, for b2b's C kernels
- * (cpu_step.c, cpu_vocab_loss.c). GCC/Clang vector extensions: portable, unaligned loads and
+ * (cpu_step.c, cpu_vocab_loss.c, cpu_attention.c). GCC/Clang vector extensions: portable, unaligned loads and
  * stores through memcpy. Static inline only: each kernel file includes it.
  */
 #ifndef B2B_CPU_VEC_H
@@ -23,6 +23,20 @@ static inline vf load(const float *p) {
 }
 
 static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+static inline vf splat(float x) { return (vf){0} + x; }
+
+/* Lane-wise maximum (C has no vector ?:). */
+static inline vf vmaximum(vf a, vf b) {
+    const vi a_wins = a > b;
+    return (vf)(((vi)a & a_wins) | ((vi)b & ~a_wins));
+}
+
+static inline float hmax(vf v) {
+    float m = v[0];
+    for (int i = 1; i < VW; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
 
 static inline float hsum(vf v) {
     float s = 0.0f;
