@@ -12,7 +12,8 @@ with MLX ops. It applies on the CPU device (a GPU has MLX's own fast kernels) to
 head size that is a multiple of 16 and a key-padding mask, "causal" or no mask; off with
 B2B_CPU_ATTENTION=0. The others likewise return None where they do not apply: `layer_norm`
 (float32, with weight and bias; off with B2B_CPU_LAYERNORM=0), `vocab_loss` (float32, with the
-BLAS's cblas_sgemm; B2B_CPU_VOCAB_LOSS=0) and `adamw` (float32; B2B_CPU_ADAMW=0).
+BLAS's cblas_sgemm; B2B_CPU_VOCAB_LOSS=0), `adamw` and `sum_squares` (float32;
+B2B_CPU_ADAMW=0).
 `set_threads` caps the attention kernel's threads (train/step.py).
 
 The extension is built once per source version, MLX and Python version and machine into
@@ -188,6 +189,15 @@ def adamw(p: mx.array, g: mx.array, m: mx.array, v: mx.array, coef: mx.array,
     if not enabled("adamw"):
         return None
     return tuple(_module().adamw(p, g, m, v, coef, [float(x) for x in hyper]))
+
+
+def sum_squares(arrays: list[mx.array]) -> mx.array | None:
+    """The sum of squares of every element of float32 `arrays` (a float32 scalar; summed in
+    double), or None when the kernel does not take them (off with B2B_CPU_ADAMW=0, as the
+    update it serves)."""
+    if not arrays or any(a.dtype != mx.float32 for a in arrays) or not enabled("adamw"):
+        return None
+    return _module().sum_squares(list(arrays))
 
 
 def set_threads(n: int) -> None:

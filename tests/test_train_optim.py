@@ -96,3 +96,15 @@ def test_the_kernel_runs_and_steps_aside(monkeypatch):
         np.testing.assert_array_equal(np.array(a), np.array(b))  # the same ops (NaN where eps underflows)
     monkeypatch.setenv("B2B_CPU_ADAMW", "0")
     assert real(*[mx.zeros(2)] * 4, mx.zeros(4), (0.9, 0.1, 0.999, 0.001, 1e-8)) is None
+
+
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_global_norm(monkeypatch, kernel):
+    monkeypatch.setenv("B2B_CPU_ADAMW", kernel)
+    rng = np.random.default_rng(1)
+    parts = [rng.standard_normal(s).astype(np.float32) for s in ((1000, 37), (5,), (3, 3), (70000,))]
+    grads = {"a": mx.array(parts[0]), "b": [mx.array(parts[1]), {"c": mx.array(parts[2])}], "d": mx.array(parts[3])}
+    want = np.sqrt(sum((p.astype(np.float64) ** 2).sum() for p in parts))
+    for fn in (global_norm, mx.compile(global_norm)):
+        assert abs(fn(grads).item() - want) <= 1e-5 * want
+    assert (cpu_ops.sum_squares([grads["a"]]) is None) == (kernel == "0" or not cpu_ops.enabled("adamw"))

@@ -13,7 +13,7 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.optimizers as optim
-from mlx.utils import tree_map, tree_reduce
+from mlx.utils import tree_flatten, tree_map, tree_reduce
 
 from b2b import Bert2Bert, cpu_ops
 
@@ -69,8 +69,12 @@ def _set_grad_scale(optimizer: optim.Optimizer, scale: mx.array | None) -> bool:
 
 
 def global_norm(grads) -> mx.array:
-    """The L2 norm of all gradients together, in float32."""
-    return mx.sqrt(tree_reduce(lambda acc, g: acc + g.astype(mx.float32).square().sum(), grads, mx.array(0.0)))
+    """The L2 norm of all gradients together, in float32 (on the CPU one C kernel over all of
+    them, summing in double; MLX's reductions run one element at a time)."""
+    squares = cpu_ops.sum_squares([g for _, g in tree_flatten(grads)])
+    if squares is None:
+        squares = tree_reduce(lambda acc, g: acc + g.astype(mx.float32).square().sum(), grads, mx.array(0.0))
+    return mx.sqrt(squares)
 
 
 def make_update(model: Bert2Bert, optimizer: optim.Optimizer, clip_norm: float) -> Callable[[dict, mx.array], None]:

@@ -1,5 +1,5 @@
 // b2b's C kernels for MLX's CPU backend (../cpu_attention.c, ../cpu_layernorm.c,
-// ../cpu_vocab_loss.c, ../cpu_adamw.c) as MLX primitives,
+// ../cpu_vocab_loss.c, ../cpu_adamw.c: AdamW and a sum of squares) as MLX primitives,
 // so that they run inside MLX's graph: under mx.compile and value_and_grad like any op, in
 // training too. (Calling C on numpy views instead evaluates arrays mid-graph, which MLX cannot
 // compile and which keeps every array of a traced training step alive.)
@@ -40,6 +40,7 @@ int b2b_layer_norm_backward(const float* x, const float* w, const float* mean, c
                             long rows, int C, float* dx, float* dw, float* db);
 void b2b_adamw(const float* p, const float* g, const float* m, const float* v, long n, const float* coef,
                const float* hyper, float* p_out, float* m_out, float* v_out);
+double b2b_sum_squares(const float* x, long n);
 void b2b_set_sgemm(void* fn);
 int b2b_has_sgemm(void);
 int b2b_vocab_loss_forward(const float* h, const float* W, const float* bias, const int32_t* labels,
@@ -373,6 +374,26 @@ class AdamW : public mx::Primitive {
   std::vector<float> hyper_;  // b1, 1 - b1, b2, 1 - b2, eps
 };
 
+// The sum of squares of every input (float32, contiguous) as one float32 scalar.
+class SumSquares : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    std::vector<std::pair<const float*, long>> parts;
+    for (const auto& a : in) parts.emplace_back(a.data<float>(), (long)a.size());
+    float* out = outs[0].data<float>();
+    enc.dispatch([=]() {
+      double total = 0.0;
+      for (const auto& [x, n] : parts) total += b2b_sum_squares(x, n);
+      *out = (float)total;
+    });
+  }
+  const char* name() const override { return "B2BSumSquares"; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override { return {{}}; }
+};
+
 }  // namespace
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, std::optional<mx::array> key_mask,
@@ -439,6 +460,17 @@ std::vector<mx::array> adamw(const mx::array& p, const mx::array& g, const mx::a
                                 std::make_shared<AdamW>(s, std::move(hyper)), {c(p), c(g), c(m), c(v), c(coef)});
 }
 
+mx::array sum_squares(const std::vector<mx::array>& arrays) {
+  if (arrays.empty()) throw std::invalid_argument("b2b sum_squares: no arrays");
+  auto s = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs;
+  for (const auto& a : arrays) {
+    if (a.dtype() != mx::float32) throw std::invalid_argument("b2b sum_squares: float32 arrays");
+    inputs.push_back(mx::contiguous(a, false, s));
+  }
+  return mx::array(mx::Shape{}, mx::float32, std::make_shared<SumSquares>(s, 0.f), inputs);
+}
+
 NB_MODULE(_b2b_ops, m) {
   m.doc() = "b2b's C kernels for MLX's CPU backend, as MLX primitives";
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("key_mask").none(),
@@ -448,6 +480,7 @@ NB_MODULE(_b2b_ops, m) {
         nb::arg("weights"), nb::arg("label_smoothing"));
   m.def("adamw", &adamw, nb::arg("p"), nb::arg("g"), nb::arg("m"), nb::arg("v"), nb::arg("coef"), nb::arg("hyper"),
         "one AdamW update: (p, m, v) new");
+  m.def("sum_squares", &sum_squares, nb::arg("arrays"), "the sum of squares of every element, float32 scalar");
   m.def("set_sgemm", [](uintptr_t fn) { b2b_set_sgemm(reinterpret_cast<void*>(fn)); }, nb::arg("address"),
         "the address of cblas_sgemm, for vocab_loss");
   m.def("set_threads", &b2b_set_threads, nb::arg("n"), "threads per attention call at most (0: one per core, up to 8)");
