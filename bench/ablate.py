@@ -2,7 +2,7 @@
 time (through its environment switch), all variants interleaved step by step in their own
 worker processes, so they see the same machine load.
 
-    python -m bench.ablate [--quick] [--baseline DIR]
+    python -m bench.ablate [--quick] [--rows finetune,...] [--variants VOCAB,ADAMW] [--reps N] [--baseline DIR]
 
 --baseline DIR adds the code in DIR (a folder holding older `b2b/` and `train/` packages, e.g.
 a checkout of the commit before the optimizations) as the "before" row.
@@ -29,6 +29,8 @@ VARIANTS = {
     "B2B_ATTN_CHUNK=inf (one score matrix)": {"B2B_ATTN_CHUNK": str(10**12)},
     "B2B_CPU_ATTENTION=0 (MLX attention ops)": {"B2B_CPU_ATTENTION": "0"},
     "B2B_CPU_LAYERNORM=0 (MLX LayerNorm ops)": {"B2B_CPU_LAYERNORM": "0"},
+    "B2B_CPU_VOCAB_LOSS=0 (logits + MLX cross-entropy)": {"B2B_CPU_VOCAB_LOSS": "0"},
+    "B2B_CPU_ADAMW=0 (MLX AdamW, MLX norm)": {"B2B_CPU_ADAMW": "0"},
     "B2B_CPU_SHARDS=1 (training: one stream)": {"B2B_CPU_SHARDS": "1"},
     "B2B_TUNE_MALLOC=0 (glibc defaults)": {"B2B_TUNE_MALLOC": "0"},
     "B2B_CPU_STEP_HALF=0 (C steps read float32)": {"B2B_CPU_STEP_HALF": "0"},
@@ -37,9 +39,17 @@ VARIANTS = {
 }
 
 
-def _workers(inputs: str, tmp: str, baseline: str | None) -> dict[str, Worker]:
+def _chosen(variants: str | None) -> dict[str, dict]:
+    """VARIANTS whose name holds one of the comma-separated `variants` (all when None), always
+    with "all optimizations" first."""
+    keys = [k.strip().lower() for k in variants.split(",") if k.strip()] if variants else []
+    return {name: env for i, (name, env) in enumerate(VARIANTS.items())
+            if i == 0 or not keys or any(k in name.lower() for k in keys)}
+
+
+def _workers(inputs: str, tmp: str, baseline: str | None, variants: str | None = None) -> dict[str, Worker]:
     out = {}
-    for i, (name, env) in enumerate(VARIANTS.items()):
+    for i, (name, env) in enumerate(_chosen(variants).items()):
         out[name] = Worker("b2b", inputs, os.path.join(tmp, f"v{i}.log"), env)
     if baseline:
         # A folder where `bench` is this one but `b2b`/`train` come from the baseline.
@@ -73,10 +83,10 @@ def run(args) -> dict:
         inputs = os.path.join(tmp, "inputs.npz")
         write_inputs(inputs, Tokenizer.default(), Shapes())
         folders = write_models(tmp, ["minilm"] if "mlm" in args.rows else [])
-        reps = 2 if args.quick else 4
+        reps = args.reps or (2 if args.quick else 4)
         for row in args.rows.split(","):
             print(f"[{time.strftime('%H:%M:%S')}] {row} ...", file=sys.stderr, flush=True)
-            workers = _workers(inputs, tmp, args.baseline)
+            workers = _workers(inputs, tmp, args.baseline, args.variants)
             try:
                 if row in ("finetune", "mlm"):
                     folder = folders["minilm-s2s" if row == "finetune" else "minilm-mlm"]
@@ -92,7 +102,7 @@ def run(args) -> dict:
                     beams = 4 if row == "beam4" else 1
                     _round_robin(workers, 1, "generate", rows=[0], beams=beams, max_new_tokens=4)
                     lat: dict[str, list[float]] = {n: [] for n in workers}
-                    for i in range(2 if args.quick else 5):
+                    for i in range(args.reps or (2 if args.quick else 5)):
                         res = _round_robin(workers, 1, "generate", rows=[i], beams=beams, max_new_tokens=128)
                         for n, v in res.items():
                             lat[n].append(v[0]["seconds"])
@@ -115,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rows", default="finetune,mlm,greedy,beam4")
     p.add_argument("--baseline", default=None, help="folder with the older b2b/ and train/ packages")
+    p.add_argument("--variants", default=None,
+                   help="comma list: only the variants whose name holds one of these (e.g. VOCAB,ADAMW)")
+    p.add_argument("--reps", type=int, default=0, help="measured steps (or articles) per variant")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     res = run(args)
