@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from functools import lru_cache
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,10 @@ def _folders() -> list[str]:
     return [os.path.join(cache, "b2b"), private_tmp] if cache else [private_tmp]
 
 
+@lru_cache(maxsize=1)
 def _cpu_flags() -> bytes:
     """The CPU's feature flags: a build with -march=native belongs to this kind of CPU only
-    (a home folder shared between machines must not hand one's build to another)."""
+    (a home folder shared between machines must not hand one's build to another). Read once."""
     try:
         with open("/proc/cpuinfo", "rb") as f:
             return next((line for line in f if line.startswith(b"flags")), b"")
