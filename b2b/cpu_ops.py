@@ -102,7 +102,7 @@ def _module():
         x = mx.zeros((1, 1, 2, 16))
         module.attention(x, x, x, None, True)
         sgemm = _sgemm_address()
-        if sgemm:
+        if sgemm:  # (vocab_loss: enabled() checks for it)
             module.set_sgemm(sgemm)
         return module
     except Exception as e:  # ImportError, OSError, or TypeError from a nanobind ABI mismatch
@@ -113,14 +113,33 @@ def _module():
 @lru_cache(maxsize=1)
 def _sgemm_address() -> int | None:
     """Where cblas_sgemm is: in the BLAS b2b loaded (runtime.py), else anywhere in the process
-    (macOS: Accelerate, which MLX links); None without one."""
+    (macOS: Accelerate, which MLX links); None without one, or when it fails a 2 x 2 product
+    (e.g. a BLAS with 64-bit integers)."""
     from . import runtime
 
-    for lib in (runtime._BLAS.get("lib"), ctypes.CDLL(None)):
+    try:
+        libs = [runtime._BLAS.get("lib"), ctypes.CDLL(None)]
+    except OSError:
+        libs = [runtime._BLAS.get("lib")]
+    for lib in libs:
         fn = getattr(lib, "cblas_sgemm", None) if lib is not None else None
-        if fn is not None:
+        if fn is not None and _sgemm_works(fn):
             return ctypes.cast(fn, ctypes.c_void_p).value
     return None
+
+
+def _sgemm_works(fn) -> bool:
+    """[[1, 2], [3, 4]] squared through `fn` (row-major CBLAS, 32-bit integers)."""
+    a = (ctypes.c_float * 4)(1, 2, 3, 4)
+    c = (ctypes.c_float * 4)()
+    fn.restype = None
+    i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    fn.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
+    try:
+        fn(101, 111, 111, 2, 2, 2, 1.0, a, 2, a, 2, 0.0, c, 2)
+    except Exception:  # noqa: BLE001 - any failure: not used
+        return False
+    return list(c) == [7.0, 10.0, 15.0, 22.0]
 
 
 def enabled(kernel: str = "attention") -> bool:
@@ -171,7 +190,7 @@ def vocab_loss(h: mx.array, weight: mx.array, bias: mx.array, labels: mx.array, 
     computed). Differentiable in h, weight and bias. None when the kernel does not take these
     inputs."""
     if not (h.ndim == 2 and weight.ndim == 2 and h.shape[1] == weight.shape[1] and bias.shape == weight.shape[:1]
-            and labels.shape == weights.shape == h.shape[:1]
+            and labels.shape == weights.shape == h.shape[:1] and mx.issubdtype(labels.dtype, mx.integer)
             and h.dtype == weight.dtype == bias.dtype == mx.float32):
         return None
     if not enabled("vocab_loss"):

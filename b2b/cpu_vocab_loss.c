@@ -119,7 +119,9 @@ int b2b_vocab_loss_backward(const float *h, const float *W, const int32_t *label
     long na = scored_rows(h, labels, weights, N, C, V, &idx, &hp);
     if (na < 0) return (int)na;
     /* The gradient of the logits: a private buffer, kept per thread (each MLX CPU stream runs
-     * on one) and grown as needed, so that its pages fault in once, not at every step. */
+     * its tasks one after another on one thread) and grown as needed, so that its pages fault
+     * in once, not at every step. It lives as long as the thread (a training shard's: the
+     * process): ~40 MB for 330 scored rows of a 30,522-word vocabulary. */
     static __thread float *grad;
     static __thread size_t capacity;
     const size_t need = (size_t)na * V;

@@ -82,6 +82,7 @@ def test_steps_aside_where_it_does_not_apply(monkeypatch):
     assert cpu_ops.vocab_loss(h.astype(mx.float16), W, b, labels, weights) is None
     assert cpu_ops.vocab_loss(h, W[:, :8], b, labels, weights) is None
     assert cpu_ops.vocab_loss(h[None], W, b, labels, weights) is None
+    assert cpu_ops.vocab_loss(h, W, b, labels.astype(mx.float32), weights) is None  # labels: integers
     monkeypatch.setenv("B2B_CPU_VOCAB_LOSS", "0")
     assert cpu_ops.vocab_loss(h, W, b, labels, weights) is None
     import b2b
@@ -116,3 +117,13 @@ def test_summary_loss_uses_it_and_matches(monkeypatch, smoothing):
     assert abs(fused.item() - plain.item()) <= 1e-5 * abs(plain.item())
     for (name, g), (_, r) in zip(tree_flatten(g_fused), tree_flatten(g_plain)):
         assert float(mx.abs(g - r).max()) <= 1e-4 * float(mx.abs(r).max()) + 1e-8, name
+
+
+@needs_kernel
+def test_more_rows_after_fewer():
+    """The backward's per-thread buffer grows: a bigger batch after a small one is still right."""
+    for N in (5, 64, 9):
+        h, W, b, labels, weights, cot = _inputs(N=N, seed=N)
+        got = mx.grad(lambda h: (cpu_ops.vocab_loss(h, W, b, labels, weights) * cot).sum())(h)
+        want = mx.grad(lambda h: (_reference_rows(h, W, b, labels, 0.0) * cot * weights).sum())(h)
+        assert float(mx.abs(got - want).max()) <= 1e-5 * float(mx.abs(want).max())

@@ -82,6 +82,24 @@ def test_arrays_still_held_are_not_overwritten():
     assert not np.array_equal(np.array(model.layers[0].weight), before_w)
 
 
+def _address(a: mx.array) -> int:
+    return np.asarray(memoryview(a)).ctypes.data  # (the view is dropped at once)
+
+
+@needs_kernel
+def test_updates_in_place_when_nothing_else_holds_the_arrays():
+    """Parameters and moments keep their buffers from step to step (no fresh pages each step)."""
+    model, opt = _model(), AdamW(learning_rate=1e-1)
+    update = make_update(model, opt, 1.0)
+    grads = _grads(model, np.random.default_rng(0))
+    update(grads, global_norm(grads))
+    mx.eval(model.parameters(), opt.state)
+    before = (_address(model.layers[0].weight), _address(opt.state["layers"][0]["weight"]["v"]))
+    update(grads, global_norm(grads))
+    mx.eval(model.parameters(), opt.state)
+    assert (_address(model.layers[0].weight), _address(opt.state["layers"][0]["weight"]["v"])) == before
+
+
 @needs_kernel
 def test_the_kernel_runs_and_steps_aside(monkeypatch):
     calls = []

@@ -56,7 +56,8 @@ def seq2seq_loss(
     label_smoothing: float = 0.0,
 ) -> tuple[mx.array, tuple[mx.array, ...]]:
     """Teacher-forced summary loss: decoder input tgt[:, :-1], labels tgt[:, 1:], padding
-    ignored. Returns (loss, (loss, scored tokens))."""
+    ignored. Returns (loss, (loss, scored tokens)). A scored label outside the vocabulary is an
+    error on the CPU (the fused kernel checks; the logits path would read past the row)."""
     dec_in, labels = tgt[:, :-1], tgt[:, 1:]
     weights = (labels != model.config.pad_id).astype(mx.float32).reshape(-1)
     h = model.decode(dec_in, model.encode(src, src_mask), src_mask)  # (B, T, C)

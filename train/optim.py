@@ -52,7 +52,7 @@ class AdamW(optim.AdamW):
         out = cpu_ops.adamw(parameter, gradient, state["m"], state["v"], self._coef, (b1, 1 - b1, b2, 1 - b2, self.eps))
         if out is None:  # MLX's update (on a GPU, or for another dtype)
             if self.grad_scale is not None:
-                gradient = gradient * self.grad_scale.astype(gradient.dtype)
+                gradient = gradient * self.grad_scale  # (float32: as clip_grad_norm's product)
             return super().apply_single(gradient, parameter, state)
         parameter, state["m"], state["v"] = out
         return parameter

@@ -339,9 +339,13 @@ class AdamW : public mx::Primitive {
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     // Each of the three outputs holds its own copy of the inputs, which MLX drops right after
     // this call (detach); without dropping the other two copies now no input is ever
-    // donatable, and every step would write ~3 x the model's size into fresh pages.
-    for (auto& o : outs)
-      if (&o.inputs() != &in) o.inputs().clear();
+    // donatable, and every step would write ~3 x the model's size into fresh pages. Only when
+    // `in` is exactly one output's own list (how MLX 0.32 calls this), and never on tracers.
+    int own = 0;
+    for (auto& o : outs) own += &o.inputs() == &in;
+    if (own == 1 && !outs[0].is_tracer())
+      for (auto& o : outs)
+        if (&o.inputs() != &in) o.inputs().clear();
     for (int i = 0; i < 3; i++) {
       const auto& src = in[i == 0 ? 0 : i + 1];  // p -> p, m -> m, v -> v
       if (src.is_donatable() && src.flags().row_contiguous)
@@ -350,6 +354,7 @@ class AdamW : public mx::Primitive {
         outs[i].set_data(mx::allocator::malloc(outs[i].nbytes()));
     }
     auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.add_temporaries(in);  // the inputs outlive the task, whoever else drops them
     for (auto& a : in) enc.set_input_array(a);
     for (auto& o : outs) enc.set_output_array(o);
     const float *p = in[0].data<float>(), *g = in[1].data<float>(), *m = in[2].data<float>(), *v = in[3].data<float>(),
