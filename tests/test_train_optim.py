@@ -66,18 +66,27 @@ def test_multi_optimizer_gets_the_scale():
     assert _max_diff(ref.parameters(), ours.parameters()) < 1e-6
 
 
+def _stepper(clip: float):
+    """A model, its AdamW and `step()`: one update with the same gradients, evaluated."""
+    model, opt = _model(), AdamW(learning_rate=1e-1)
+    update = make_update(model, opt, clip)
+    grads = _grads(model, np.random.default_rng(0))
+
+    def step():
+        update(grads, global_norm(grads))
+        mx.eval(model.parameters(), opt.state)
+
+    step()
+    return model, opt, step
+
+
 @needs_kernel
 def test_arrays_still_held_are_not_overwritten():
     """The kernel updates in place only the buffers nobody else holds."""
-    model, opt = _model(), AdamW(learning_rate=1e-1)
-    update = make_update(model, opt, 0.0)
-    grads = _grads(model, np.random.default_rng(0))
-    update(grads, global_norm(grads))
-    mx.eval(model.parameters(), opt.state)
+    model, opt, step = _stepper(0.0)
     held_w, held_m = model.layers[0].weight, opt.state["layers"][0]["weight"]["m"]
     before_w, before_m = np.array(held_w), np.array(held_m)
-    update(grads, global_norm(grads))
-    mx.eval(model.parameters(), opt.state)
+    step()
     assert np.array_equal(np.array(held_w), before_w) and np.array_equal(np.array(held_m), before_m)
     assert not np.array_equal(np.array(model.layers[0].weight), before_w)
 
@@ -89,15 +98,14 @@ def _address(a: mx.array) -> int:
 @needs_kernel
 def test_updates_in_place_when_nothing_else_holds_the_arrays():
     """Parameters and moments keep their buffers from step to step (no fresh pages each step)."""
-    model, opt = _model(), AdamW(learning_rate=1e-1)
-    update = make_update(model, opt, 1.0)
-    grads = _grads(model, np.random.default_rng(0))
-    update(grads, global_norm(grads))
-    mx.eval(model.parameters(), opt.state)
-    before = (_address(model.layers[0].weight), _address(opt.state["layers"][0]["weight"]["v"]))
-    update(grads, global_norm(grads))
-    mx.eval(model.parameters(), opt.state)
-    assert (_address(model.layers[0].weight), _address(opt.state["layers"][0]["weight"]["v"])) == before
+    model, opt, step = _stepper(1.0)
+
+    def where():
+        return _address(model.layers[0].weight), _address(opt.state["layers"][0]["weight"]["v"])
+
+    before = where()
+    step()
+    assert where() == before
 
 
 @needs_kernel
