@@ -250,7 +250,7 @@ def run(args) -> dict:
     shapes = Shapes()
     quick = args.quick
     # Two fine-tuning warm-up steps: the first steps also grow the heap (runtime.tune_malloc).
-    reps = dict(mlm_warmup=1, mlm=2 if quick else 7, ft_warmup=2, ft=3 if quick else 5,
+    reps = dict(mlm_warmup=1, mlm=2 if quick else 7, ft_warmup=2, ft=5 if quick else 9,
                 greedy=3 if quick else shapes.gen_articles, beam=2 if quick else shapes.gen_articles,
                 batched=shapes.gen_batch if quick else shapes.gen_articles)
     rows = set(args.rows.split(","))
