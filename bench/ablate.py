@@ -95,6 +95,7 @@ def run(args) -> dict:
                     _round_robin(workers, 1, "train_step")
                     res = _round_robin(workers, reps, "train_step")
                     stat = {n: float(np.median([r["seconds"] for r in v])) for n, v in res.items()}
+                    each = {n: [round(r["seconds"], 3) for r in v] for n, v in res.items()}
                     unit = "step s"
                 else:
                     for w in workers.values():
@@ -107,9 +108,10 @@ def run(args) -> dict:
                         for n, v in res.items():
                             lat[n].append(v[0]["seconds"])
                     stat = {n: float(np.median(v)) for n, v in lat.items()}
+                    each = {n: [round(t, 3) for t in v] for n, v in lat.items()}
                     unit = "latency s"
                 peak = {n: w.call("peak")["life_peak_mb"] for n, w in workers.items()}
-                out["rows"][row] = {"unit": unit, "time": stat, "peak_mb": peak}
+                out["rows"][row] = {"unit": unit, "time": stat, "each": each, "peak_mb": peak}
                 print(f"  {json.dumps(out['rows'][row])}", file=sys.stderr, flush=True)
             finally:
                 for w in workers.values():

@@ -11,7 +11,10 @@ import mlx.core as mx
 
 from b2b import B2BConfig, Bert2Bert, DecodingConfig, generate
 from train.finetune import SummarizationTask
-from train.optim import AdamW, global_norm, make_update
+try:
+    from train.optim import AdamW, global_norm, make_update
+except ImportError:  # `bench.ablate --baseline` with code from before train/optim.py
+    from bench._old_update import AdamW, global_norm, make_update
 from train.losses import mlm_loss, seq2seq_loss
 from train.pretrain import MLMTask
 from train.step import GradStep, auto_shards
