@@ -235,5 +235,5 @@ def main() -> None:
     except ImportError as e:
         path = None
         log.info("%s", e)
-    print(f"b2b's CPU kernels (fused attention, LayerNorm, vocabulary loss): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
+    print(f"b2b's CPU kernels (attention, LayerNorm, vocabulary loss, AdamW): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
 

@@ -178,6 +178,7 @@ def runtime_info() -> dict:
         "cpu_attention": cpu_ops.enabled(),
         "cpu_layernorm": cpu_ops.enabled("layernorm"),
         "cpu_vocab_loss": cpu_ops.enabled("vocab_loss"),
+        "cpu_adamw": cpu_ops.enabled("adamw"),
         "platform": f"{platform.system()} {platform.machine()}",
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
