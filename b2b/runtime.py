@@ -91,6 +91,31 @@ def _load_fast_blas() -> None:
     )
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+
+
+def tune_malloc() -> bool:
+    """Keep freed memory in glibc's heap instead of returning it to the kernel: MLX on the CPU
+    allocates every activation afresh, and by default each large buffer is a new mmap whose
+    pages fault in again at every training step. One arena for all threads, buffers up to 32 MB
+    (glibc's limit) from the heap, no trimming. Called when b2b is imported, before MLX and the
+    BLAS start their threads: a thread keeps the arena it first allocated from, and a second
+    arena is made of 64 MB heaps that glibc maps and unmaps whole (called only from the first
+    training step, ~200 k page faults and ~0.6 s of kernel time a minilm fine-tuning step
+    remained). Process-wide; Linux/glibc only (B2B_TUNE_MALLOC=0: off); returns whether it
+    applied."""
+    if platform.system() != "Linux" or os.environ.get("B2B_TUNE_MALLOC", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        # (A 256 MB top pad measured no faster and ~150 MB more peak memory: none.)
+        settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 2**31 - 1))
+        return all(libc.mallopt(ctypes.c_int(k), ctypes.c_int(v)) == 1 for k, v in settings)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to tune
+        return False
+
+
+tune_malloc()  # first: before any library starts a thread
 _load_fast_blas()
 
 
@@ -135,27 +160,6 @@ def cpu_threads(n: int) -> Iterator[None]:
             if before is not None:
                 _blas_threads(before)
             cpu_ops.set_threads(0)
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
-
-
-def tune_malloc() -> bool:
-    """Keep freed memory in glibc's heap instead of returning it to the kernel: MLX on the CPU
-    allocates every activation afresh, and by default each large buffer is a new mmap whose
-    pages fault in again at every training step (8 fine-tuning steps, minilm B8: 2.4 M page
-    faults and 11 s of kernel time without this, 0.7 M and 4.6 s with it). One arena for all
-    threads, buffers up to 32 MB (glibc's limit) from the heap, no trimming. Process-wide;
-    Linux/glibc only (B2B_TUNE_MALLOC=0: off); returns whether it applied."""
-    if platform.system() != "Linux" or os.environ.get("B2B_TUNE_MALLOC", "1") == "0":
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        # (A 256 MB top pad measured no faster and ~150 MB more peak memory: none.)
-        settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 2**31 - 1))
-        return all(libc.mallopt(ctypes.c_int(k), ctypes.c_int(v)) == 1 for k, v in settings)
-    except (OSError, AttributeError):  # not glibc (musl): nothing to tune
-        return False
 
 
 def runtime_info() -> dict:

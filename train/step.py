@@ -33,7 +33,7 @@ import numpy as np
 from mlx.utils import tree_map
 
 from b2b import Bert2Bert
-from b2b.runtime import cpu_threads, tune_malloc, usable_cores
+from b2b.runtime import cpu_threads, usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,7 @@ class GradStep:
         self._fn = make()  # the whole batch on the caller's thread (one shard, or a batch of one)
         self._combine = mx.compile(partial(_weighted_sum, summed=self.summed))
         self._shard_fns = [make() for _ in range(shards)] if shards > 1 else []
-        if mx.default_device() == mx.cpu:
-            tune_malloc()
+        # (glibc's malloc is tuned for this when b2b is imported: b2b.runtime.tune_malloc)
 
     def __call__(self, seed: int, *arrays: np.ndarray) -> tuple[mx.array, tuple[mx.array, ...], dict]:
         if not self._shard_fns or len(arrays[0]) < 2:
