@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",),
                                                    ("cpu_layernorm.c",), ("cpu_vocab_loss.c",), ("cpu_vec.h",),
-                                                   ("cpu_adamw.c",)))
+                                                   ("cpu_adamw.c",), ("cpu_gelu.c",)))
 MODULE = "_b2b_ops"
 
 
@@ -143,7 +143,7 @@ def _sgemm_works(fn) -> bool:
 
 
 def enabled(kernel: str = "attention") -> bool:
-    """Whether a kernel ("attention", "layernorm", "vocab_loss" or "adamw") runs: its
+    """Whether a kernel ("attention", "layernorm", "gelu", "vocab_loss" or "adamw") runs: its
     B2B_CPU_<KERNEL> not 0, MLX on the CPU and the extension built (and, for vocab_loss, a
     BLAS with cblas_sgemm found)."""
     off = os.environ.get(f"B2B_CPU_{kernel.upper()}", "1").lower() in ("0", "false", "no", "off")
@@ -180,6 +180,14 @@ def layer_norm(x: mx.array, weight: mx.array, bias: mx.array, eps: float) -> mx.
     if not enabled("layernorm"):
         return None
     return _module().layer_norm(x, weight, bias, float(eps))
+
+
+def gelu(x: mx.array) -> mx.array | None:
+    """GELU of float32 x (fastmath's erf form), differentiable, or None when the kernel does not
+    take it."""
+    if x.dtype != mx.float32 or not enabled("gelu"):
+        return None
+    return _module().gelu(x)
 
 
 def vocab_loss(h: mx.array, weight: mx.array, bias: mx.array, labels: mx.array, weights: mx.array,
@@ -235,5 +243,5 @@ def main() -> None:
     except ImportError as e:
         path = None
         log.info("%s", e)
-    print(f"b2b's CPU kernels (attention, LayerNorm, vocabulary loss, AdamW): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
+    print(f"b2b's CPU kernels (attention, LayerNorm, GELU, vocabulary loss, AdamW): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
 

@@ -109,8 +109,12 @@ def erf(x: mx.array) -> mx.array:
 
 
 def gelu(x: mx.array) -> mx.array:
-    """Exact-form GELU, x * Phi(x), as BERT and transformers' "gelu" define it."""
-    return _gelu(x) if enabled() else nn.gelu(x)
+    """Exact-form GELU, x * Phi(x), as BERT and transformers' "gelu" define it: the same
+    approximation in C (cpu_gelu.c) where the kernel runs, else compiled MLX ops."""
+    if not enabled():
+        return nn.gelu(x)
+    fast = cpu_ops.gelu(x)
+    return fast if fast is not None else _gelu(x)
 
 
 # -- attention -------------------------------------------------------------------------------

@@ -181,6 +181,7 @@ def runtime_info() -> dict:
         "cpu_step": cpu_step.available(),
         "cpu_attention": cpu_ops.enabled(),
         "cpu_layernorm": cpu_ops.enabled("layernorm"),
+        "cpu_gelu": cpu_ops.enabled("gelu"),
         "cpu_vocab_loss": cpu_ops.enabled("vocab_loss"),
         "cpu_adamw": cpu_ops.enabled("adamw"),
         "platform": f"{platform.system()} {platform.machine()}",

@@ -115,6 +115,23 @@ def _model():
     model.eval()
     return model
 
+def _training_loss(model):
+    """value_and_grad of a loss on a small fixed batch: what a training step computes."""
+    import mlx.nn as nn
+
+    src = mx.array(np.random.default_rng(0).integers(5, 120, size=(2, 24)))
+    tgt = mx.array(np.random.default_rng(1).integers(5, 120, size=(2, 9)))
+    mask = mx.ones(src.shape, dtype=mx.int32)
+    return nn.value_and_grad(model, lambda m: m(src, mask, tgt).square().mean())
+
+
+def _count_calls(monkeypatch, name):
+    """cpu_ops.<name> wrapped to record each call; the list of calls."""
+    calls, real = [], getattr(cpu_ops, name)
+    monkeypatch.setattr(cpu_ops, name, lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 
 @needs_kernels
 @pytest.mark.parametrize("training", [False, True])
@@ -243,23 +260,53 @@ def test_layer_norm_steps_aside(monkeypatch):
 
 
 @needs_kernels
-def test_model_layer_norms_use_it_and_match(monkeypatch):
-    """Every LayerNorm of the model goes through the kernel; logits and gradients equal MLX's."""
-    import mlx.nn as nn
+@pytest.mark.parametrize("kernel, switch, calls", [
+    ("layer_norm", "B2B_CPU_LAYERNORM", 2 + 2 * 2 + 2 * 3 + 1),  # two embeddings; 2 per encoder layer, 3 per decoder layer; LM head
+    ("gelu", "B2B_CPU_GELU", 2 + 2 + 1),  # one per encoder and decoder layer; the LM head's transform
+])
+def test_model_uses_the_kernel_everywhere_and_matches(monkeypatch, kernel, switch, calls):
+    """Every LayerNorm (GELU) of the model goes through the kernel; the loss and a training
+    step's gradients equal those without it."""
     from mlx.utils import tree_flatten
 
     model = _model()
-    src = mx.array(np.random.default_rng(0).integers(5, 120, size=(2, 24)))
-    tgt = mx.array(np.random.default_rng(1).integers(5, 120, size=(2, 9)))
-    mask = mx.ones(src.shape, dtype=mx.int32)
-    loss = nn.value_and_grad(model, lambda m: m(src, mask, tgt).square().mean())
-    calls = []
-    real = cpu_ops.layer_norm
-    monkeypatch.setattr(cpu_ops, "layer_norm", lambda *a: calls.append(1) or real(*a))
+    loss = _training_loss(model)
+    seen = _count_calls(monkeypatch, kernel)
     fused = loss(model)
-    assert len(calls) == 2 + 2 * 2 + 2 * 3 + 1  # two embeddings; 2 per encoder layer, 3 per decoder layer; LM head
-    monkeypatch.setenv("B2B_CPU_LAYERNORM", "0")
+    assert len(seen) == calls
+    monkeypatch.setenv(switch, "0")
     plain = loss(model)
     assert _rel(fused[0], plain[0]) < 1e-5
     for (name, g), (_, r) in zip(tree_flatten(fused[1]), tree_flatten(plain[1])):
         assert float(mx.abs(g - r).max()) <= 1e-3 * float(mx.abs(r).max()) + 1e-8, name
+
+
+# -- GELU -------------------------------------------------------------------------------------
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [(4, 50, 96), (7,), (3, 33)])  # whole vectors and tails
+def test_gelu_matches_erf_gelu_forward_and_gradient(shape):
+    mx.random.seed(3)
+    x = mx.random.normal(shape) * 3  # reaches past the approximation's clip at |x / sqrt 2| = 4
+    c = mx.random.normal(shape)
+
+    def exact(x):
+        return 0.5 * x * (1.0 + mx.erf(x * (1.0 / np.sqrt(2.0))))
+
+    assert float(mx.abs(cpu_ops.gelu(x) - exact(x)).max()) < 5e-6 * float(mx.abs(x).max())
+    for fn in (lambda f: f, mx.compile):
+        got, want = (fn(mx.grad(lambda x: (f(x) * c).sum()))(x) for f in (cpu_ops.gelu, exact))
+        assert _rel(got, want) < 1e-5
+
+
+@needs_kernels
+def test_gelu_reads_strided_inputs_and_steps_aside(monkeypatch):
+    x = mx.random.normal((6, 4, 32)).transpose(1, 0, 2)  # not row-contiguous
+    assert _rel(cpu_ops.gelu(x), fastmath._gelu_kernel(x)) < 1e-5
+    assert cpu_ops.gelu(x.astype(mx.float16)) is None
+    import b2b
+
+    assert b2b.runtime_info()["cpu_gelu"] is True
+    monkeypatch.setenv("B2B_CPU_GELU", "0")
+    assert cpu_ops.gelu(x) is None and b2b.runtime_info()["cpu_gelu"] is False
+    assert _rel(fastmath.gelu(x), fastmath._gelu_kernel(x)) < 1e-6  # the compiled MLX path then

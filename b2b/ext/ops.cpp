@@ -1,5 +1,5 @@
 // b2b's C kernels for MLX's CPU backend (../cpu_attention.c, ../cpu_layernorm.c,
-// ../cpu_vocab_loss.c, ../cpu_adamw.c: AdamW and a sum of squares) as MLX primitives,
+// ../cpu_vocab_loss.c, ../cpu_adamw.c: AdamW and a sum of squares, ../cpu_gelu.c) as MLX primitives,
 // so that they run inside MLX's graph: under mx.compile and value_and_grad like any op, in
 // training too. (Calling C on numpy views instead evaluates arrays mid-graph, which MLX cannot
 // compile and which keeps every array of a traced training step alive.)
@@ -41,6 +41,8 @@ int b2b_layer_norm_backward(const float* x, const float* w, const float* mean, c
 void b2b_adamw(const float* p, const float* g, const float* m, const float* v, long n, const float* coef,
                const float* hyper, float* p_out, float* m_out, float* v_out);
 double b2b_sum_squares(const float* x, long n);
+void b2b_gelu_forward(const float* x, long n, float* y);
+void b2b_gelu_backward(const float* x, const float* dy, long n, float* dx);
 void b2b_set_sgemm(void* fn);
 int b2b_has_sgemm(void);
 int b2b_vocab_loss_forward(const float* h, const float* W, const float* bias, const int32_t* labels,
@@ -114,7 +116,7 @@ class CpuPrimitive : public mx::Primitive {
   }
 
  protected:
-  float setting_;  // attention: causal (1) or not (0); layer norm: eps
+  float setting_;  // attention: causal (1) or not (0); layer norm: eps; GELU: none (0)
 };
 
 // The attention primitives' setting is the causal flag.
@@ -191,6 +193,45 @@ class AttentionForward : public AttentionPrimitive {
     lse.back() = 1;
     return {in[0].shape(), lse};
   }
+};
+
+// GELU (../cpu_gelu.c), elementwise over row-contiguous inputs (the wrapper makes them so).
+class GeluBackward : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  // inputs: x, dy; output: dx.
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    const float *x = in[0].data<float>(), *dy = in[1].data<float>();
+    float* dx = outs[0].data<float>();
+    long n = (long)in[0].size();
+    enc.dispatch([=]() { b2b_gelu_backward(x, dy, n, dx); });
+  }
+  const char* name() const override { return "B2BGeluBackward"; }
+};
+
+class GeluForward : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    const float* x = in[0].data<float>();
+    float* y = outs[0].data<float>();
+    long n = (long)in[0].size();
+    enc.dispatch([=]() { b2b_gelu_forward(x, n, y); });
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>&, const std::vector<mx::array>&) override {
+    auto dy = mx::contiguous(cotangents[0], false, stream());
+    return {mx::array(primals[0].shape(), mx::float32, std::make_shared<GeluBackward>(stream(), 0.f),
+                      {primals[0], dy})};
+  }
+
+  const char* name() const override { return "B2BGelu"; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
 };
 
 // LayerNorm over the last axis (../cpu_layernorm.c). Both primitives read row-contiguous
@@ -436,6 +477,12 @@ mx::array layer_norm(const mx::array& x, const mx::array& w, const mx::array& b,
   return outs[0];
 }
 
+mx::array gelu(const mx::array& x) {
+  if (x.dtype() != mx::float32) throw std::invalid_argument("b2b gelu: float32 x");
+  auto s = mx::default_stream(mx::Device::cpu);
+  return mx::array(x.shape(), mx::float32, std::make_shared<GeluForward>(s, 0.f), {mx::contiguous(x, false, s)});
+}
+
 mx::array vocab_loss(const mx::array& h, const mx::array& w, const mx::array& bias, const mx::array& labels,
                      const mx::array& weights, float smoothing) {
   if (h.ndim() != 2 || w.ndim() != 2 || h.dtype() != mx::float32 || w.dtype() != mx::float32 ||
@@ -480,6 +527,7 @@ NB_MODULE(_b2b_ops, m) {
   m.doc() = "b2b's C kernels for MLX's CPU backend, as MLX primitives";
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("key_mask").none(),
         nb::arg("causal"));
+  m.def("gelu", &gelu, nb::arg("x"), "GELU, x Phi(x), erf by a rational approximation; differentiable");
   m.def("layer_norm", &layer_norm, nb::arg("x"), nb::arg("weight"), nb::arg("bias"), nb::arg("eps"));
   m.def("vocab_loss", &vocab_loss, nb::arg("h"), nb::arg("weight"), nb::arg("bias"), nb::arg("labels"),
         nb::arg("weights"), nb::arg("label_smoothing"));
