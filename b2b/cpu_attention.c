@@ -284,7 +284,7 @@ static _Atomic int thread_limit = 0; /* b2b_set_threads; 0: no limit */
 
 void b2b_set_threads(int n) { atomic_store(&thread_limit, n < 0 ? 0 : n); }
 
-static int threads(void) {
+int b2b_threads(void) { /* (also cpu_par.h's) */
     int limit = atomic_load(&thread_limit);
     if (limit > 0 && limit <= 8) return limit;
 #ifdef __linux__
@@ -393,7 +393,7 @@ static void *work(void *arg) {
 static int run(const Args *a, void (*head)(const Args *, Scratch *, int)) {
     const Shape *sh = &a->sh;
     if (sh->D % 16 || sh->B <= 0 || sh->H <= 0 || sh->Tq <= 0 || sh->Tk <= 0) return -1;
-    int nt = threads();
+    int nt = b2b_threads();
     if (nt > sh->B * sh->H) nt = sh->B * sh->H;
     float *mem = malloc(sizeof(float) * scratch_floats(sh) * nt);
     if (!mem) return -2;

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",),
                                                    ("cpu_layernorm.c",), ("cpu_vocab_loss.c",), ("cpu_vec.h",),
-                                                   ("cpu_adamw.c",), ("cpu_gelu.c",)))
+                                                   ("cpu_adamw.c",), ("cpu_gelu.c",), ("cpu_par.h",)))
 MODULE = "_b2b_ops"
 
 

@@ -40,7 +40,7 @@ int b2b_layer_norm_backward(const float* x, const float* w, const float* mean, c
                             long rows, int C, float* dx, float* dw, float* db);
 void b2b_adamw(const float* p, const float* g, const float* m, const float* v, long n, const float* coef,
                const float* hyper, float* p_out, float* m_out, float* v_out);
-double b2b_sum_squares(const float* x, long n);
+double b2b_sum_squares(const float* const* xs, const long* ns, int count);
 void b2b_gelu_forward(const float* x, long n, float* y);
 void b2b_gelu_backward(const float* x, const float* dy, long n, float* dx);
 void b2b_set_sgemm(void* fn);
@@ -427,14 +427,11 @@ class SumSquares : public CpuPrimitive {
 
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
     auto& enc = prepare(*this, in, outs);
-    std::vector<std::pair<const float*, long>> parts;
-    for (const auto& a : in) parts.emplace_back(a.data<float>(), (long)a.size());
+    std::vector<const float*> xs;
+    std::vector<long> ns;
+    for (const auto& a : in) xs.push_back(a.data<float>()), ns.push_back((long)a.size());
     float* out = outs[0].data<float>();
-    enc.dispatch([=]() {
-      double total = 0.0;
-      for (const auto& [x, n] : parts) total += b2b_sum_squares(x, n);
-      *out = (float)total;
-    });
+    enc.dispatch([=]() { *out = (float)b2b_sum_squares(xs.data(), ns.data(), (int)xs.size()); });
   }
   const char* name() const override { return "B2BSumSquares"; }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override { return {{}}; }
