@@ -26,6 +26,14 @@ class LayerNorm(nn.LayerNorm):
         return fused if fused is not None else super().__call__(x)
 
 
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and results) whose weight gradient is computed in the
+    weight's own row-major layout on the CPU (fastmath.linear)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return fastmath.linear(x, self.weight, self.bias if "bias" in self else None)
+
+
 class Embeddings(nn.Module):
     """Word + learned position + segment embeddings, then LayerNorm and dropout (BERT)."""
 
@@ -67,10 +75,10 @@ class Attention(nn.Module):
         C = cfg.hidden_size
         self.num_heads = cfg.num_heads
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
-        self.query = nn.Linear(C, C)
-        self.key = nn.Linear(C, C)
-        self.value = nn.Linear(C, C)
-        self.out = nn.Linear(C, C)
+        self.query = Linear(C, C)
+        self.key = Linear(C, C)
+        self.value = Linear(C, C)
+        self.out = Linear(C, C)
 
     def split_heads(self, x: mx.array) -> mx.array:
         B, T, C = x.shape
@@ -124,8 +132,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: B2BConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.hidden_size, cfg.ffn_size)
-        self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size)
+        self.up = Linear(cfg.hidden_size, cfg.ffn_size)
+        self.down = Linear(cfg.ffn_size, cfg.hidden_size)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down(fastmath.gelu(self.up(x)))

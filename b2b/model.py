@@ -11,7 +11,7 @@ import mlx.nn as nn
 from . import fastmath
 from .cache import DecoderCache, LayerCache
 from .config import B2BConfig
-from .layers import DecoderLayer, Embeddings, EncoderLayer, LayerNorm
+from .layers import DecoderLayer, Embeddings, EncoderLayer, LayerNorm, Linear
 
 
 @dataclass
@@ -36,10 +36,10 @@ class LMHead(nn.Module):
 
     def __init__(self, cfg: B2BConfig):
         super().__init__()
-        self.transform = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.transform = Linear(cfg.hidden_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         if not cfg.tie_embeddings:
-            self.projection = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.projection = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.bias = mx.zeros((cfg.vocab_size,))
 
     def __call__(self, h: mx.array, word: nn.Embedding, table_t: mx.array | None = None) -> mx.array:
@@ -69,8 +69,8 @@ class Encoder(nn.Module):
         self.embeddings = Embeddings(cfg)
         self.layers = [EncoderLayer(cfg) for _ in range(cfg.encoder_layers)]
         self.mlm_head = LMHead(cfg)
-        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.nsp_head = nn.Linear(cfg.hidden_size, 2)
+        self.pooler = Linear(cfg.hidden_size, cfg.hidden_size)
+        self.nsp_head = Linear(cfg.hidden_size, 2)
 
     def __call__(
         self,

@@ -114,3 +114,26 @@ def test_compiled_decoding_matches_eager(tiny_model, beams, monkeypatch):
     monkeypatch.setenv("B2B_COMPILE_DECODE", "0")
     eager = generate(tiny_model, src, mask, cfg)
     assert [h.tokens for h in compiled] == [h.tokens for h in eager]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_nn_linear_and_its_weight_gradient_is_row_major(bias):
+    """b2b's Linear: nn.Linear's output and gradients; the weight's gradient in the weight's own
+    row-major layout on the CPU (MLX's is a transposed view, which the C AdamW must copy)."""
+    from b2b.layers import Linear
+
+    mx.random.seed(4)
+    fast, plain = Linear(8, 3, bias=bias), nn.Linear(8, 3, bias=bias)
+    plain.update(fast.parameters())
+    x, c = mx.random.normal((2, 5, 8)), mx.random.normal((2, 5, 3))
+
+    def loss(m, x):
+        return (m(x) * c).sum()
+
+    (v1, g1), (v2, g2) = (nn.value_and_grad(m, loss)(m, x) for m in (fast, plain))
+    assert float(mx.abs(v1 - v2)) < 1e-5
+    for name in g2:
+        assert float(mx.abs(g1[name] - g2[name]).max()) < 1e-5, name
+    dx1, dx2 = (mx.grad(lambda x, m=m: loss(m, x))(x) for m in (fast, plain))
+    assert float(mx.abs(dx1 - dx2).max()) < 1e-5
+    assert np.array(g1["weight"], copy=False).flags["C_CONTIGUOUS"] == fastmath.enabled()
