@@ -68,16 +68,24 @@ static void gemm(int M, int N, int K, const float *A, long as0, long as1, const 
      * B4 x 12 x 512 x 32, forward + backward, with the softmax passes: 256-bit 6 x 16 tiles
      * 91 ms; 512-bit 12 x 16 tiles reading A by strides 75-79 ms; these, and the softmax
      * passes in 512-bit vectors, 69 ms.) */
+    /* Where A's 12 rows are already side by side in memory (as0 == 1: a transposed tile, as
+     * dK += dS^T Q reads it), the tiles read A in place; 12 x 32 tiles then pay off from 32
+     * columns on (dK, dV: 512 x 32 x 48 at 99 -> ~150 GFLOP/s on one core). */
     float ap[12 * 512];
-    for (; i + 12 <= M && K <= 512 && N >= 128; i += 12) { /* (the copy pays off over many columns) */
-        for (int k = 0; k < K; k++)
-            for (int r = 0; r < 12; r++) ap[k * 12 + r] = A[(i + r) * as0 + k * as1];
+    for (; i + 12 <= M && ((as0 == 1 && N >= 32) || (K <= 512 && N >= 128)); i += 12) {
+        const float *a0 = A + i * as0;
+        long astep = as1;
+        if (as0 != 1) { /* (the copy pays off over many columns) */
+            for (int k = 0; k < K; k++)
+                for (int r = 0; r < 12; r++) ap[k * 12 + r] = A[(i + r) * as0 + k * as1];
+            a0 = ap, astep = 12;
+        }
         int j = 0;
         for (; j + 32 <= N; j += 32) {
             v16 c[12][2];
             for (int r = 0; r < 12; r++) c[r][0] = c[r][1] = (v16){0};
-            const float *b = B + j, *a = ap;
-            for (int k = 0; k < K; k++, b += ldb, a += 12) {
+            const float *b = B + j, *a = a0;
+            for (int k = 0; k < K; k++, b += ldb, a += astep) {
                 v16 b0 = ld16(b), b1 = ld16(b + 16);
                 __asm__("" : "+v"(b0), "+v"(b1)); /* two loads of B, not 24 memory operands */
                 for (int r = 0; r < 12; r++) {
@@ -98,8 +106,8 @@ static void gemm(int M, int N, int K, const float *A, long as0, long as1, const 
         for (; j < N; j += 16) {
             v16 c[12];
             for (int r = 0; r < 12; r++) c[r] = (v16){0};
-            const float *b = B + j, *a = ap;
-            for (int k = 0; k < K; k++, b += ldb, a += 12) {
+            const float *b = B + j, *a = a0;
+            for (int k = 0; k < K; k++, b += ldb, a += astep) {
                 v16 b0 = ld16(b);
                 __asm__("" : "+v"(b0));
                 for (int r = 0; r < 12; r++) c[r] += a[r] * b0;
