@@ -55,7 +55,7 @@ if [[ "$(uname -s)" == "Linux" ]]; then
   if [[ -z "$have" || "$(printf '%s\n3.24\n' "$have" | sort -V | head -1)" != "3.24" ]]; then
     .venv/bin/python -m pip install -q "cmake>=3.24" || echo "==> No CMake: MLX's own attention will be used"
   fi
-  echo "==> Building b2b's CPU kernels (attention, LayerNorm, GELU, vocabulary loss, AdamW; once per MLX version, ~30 s)"
+  echo "==> Building b2b's CPU kernels (attention, LayerNorm, GELU, dropout, vocabulary loss, AdamW; once per MLX version, ~30 s)"
   .venv/bin/python -c "from b2b.cpu_ops import main; main()" || true
 fi
 .venv/bin/python -c "import b2b, json; print('==> b2b ready:', json.dumps(b2b.runtime_info()))"

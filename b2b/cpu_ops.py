@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = tuple(os.path.join(_HERE, *f) for f in (("ext", "ops.cpp"), ("ext", "CMakeLists.txt"), ("cpu_attention.c",),
                                                    ("cpu_layernorm.c",), ("cpu_vocab_loss.c",), ("cpu_vec.h",),
-                                                   ("cpu_adamw.c",), ("cpu_gelu.c",), ("cpu_par.h",)))
+                                                   ("cpu_adamw.c",), ("cpu_gelu.c",), ("cpu_dropout.c",), ("cpu_par.h",)))
 MODULE = "_b2b_ops"
 
 
@@ -143,7 +143,7 @@ def _sgemm_works(fn) -> bool:
 
 
 def enabled(kernel: str = "attention") -> bool:
-    """Whether a kernel ("attention", "layernorm", "gelu", "vocab_loss" or "adamw") runs: its
+    """Whether a kernel ("attention", "layernorm", "gelu", "dropout", "vocab_loss" or "adamw") runs: its
     B2B_CPU_<KERNEL> not 0, MLX on the CPU and the extension built (and, for vocab_loss, a
     BLAS with cblas_sgemm found)."""
     off = os.environ.get(f"B2B_CPU_{kernel.upper()}", "1").lower() in ("0", "false", "no", "off")
@@ -188,6 +188,17 @@ def gelu(x: mx.array) -> mx.array | None:
     if x.dtype != mx.float32 or not enabled("gelu"):
         return None
     return _module().gelu(x)
+
+
+def dropout(x: mx.array, p: float) -> mx.array | None:
+    """Training-mode dropout of float32 x: each element zeroed with probability `p` (rounded to
+    a multiple of 2^-32), the others scaled to keep the expectation; a mask drawn from MLX's
+    random state (mx.random.seed repeats it), differentiable. None when the kernel does not take
+    x."""
+    if x.dtype != mx.float32 or not 0.0 < p < 1.0 or not enabled("dropout"):
+        return None
+    seed = mx.random.randint(0, 2**31 - 1, (2,)).astype(mx.uint32)
+    return _module().dropout(x, seed, float(1.0 - p))
 
 
 def vocab_loss(h: mx.array, weight: mx.array, bias: mx.array, labels: mx.array, weights: mx.array,
@@ -243,5 +254,5 @@ def main() -> None:
     except ImportError as e:
         path = None
         log.info("%s", e)
-    print(f"b2b's CPU kernels (attention, LayerNorm, GELU, vocabulary loss, AdamW): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
+    print(f"b2b's CPU kernels (attention, LayerNorm, GELU, dropout, vocabulary loss, AdamW): {path}" if path else "b2b's CPU kernels: not built; MLX ops will be used.")
 

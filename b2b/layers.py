@@ -34,6 +34,18 @@ class Linear(nn.Linear):
         return fastmath.linear(x, self.weight, self.bias if "bias" in self else None)
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout (same probability and expectation; a different random mask for a seed),
+    computed by b2b's C kernel on the CPU where it applies (cpu_ops.dropout): a hash of the
+    element's index instead of a threefry word per element, and no stored mask."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self._p_1 == 1 or not self.training:
+            return x
+        fused = cpu_ops.dropout(x, 1.0 - self._p_1)
+        return fused if fused is not None else super().__call__(x)
+
+
 class Embeddings(nn.Module):
     """Word + learned position + segment embeddings, then LayerNorm and dropout (BERT)."""
 
@@ -48,7 +60,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_positions, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     @property
     def word_table(self) -> nn.Embedding:
@@ -148,7 +160,7 @@ class EncoderLayer(nn.Module):
         self.self_attn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg)
         self.ffn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def __call__(self, x: mx.array, mask: Mask, return_weights: bool = False) -> tuple[mx.array, mx.array | None]:
         h, w = self.self_attn(x, self.self_attn.project_kv(x), mask, return_weights)
@@ -172,7 +184,7 @@ class DecoderLayer(nn.Module):
             self.ffn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.cross_attn = Attention(cfg)
         self.cross_attn_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def __call__(
         self,

@@ -182,6 +182,7 @@ def runtime_info() -> dict:
         "cpu_attention": cpu_ops.enabled(),
         "cpu_layernorm": cpu_ops.enabled("layernorm"),
         "cpu_gelu": cpu_ops.enabled("gelu"),
+        "cpu_dropout": cpu_ops.enabled("dropout"),
         "cpu_vocab_loss": cpu_ops.enabled("vocab_loss"),
         "cpu_adamw": cpu_ops.enabled("adamw"),
         "platform": f"{platform.system()} {platform.machine()}",

@@ -30,6 +30,7 @@ VARIANTS = {
     "B2B_CPU_ATTENTION=0 (MLX attention ops)": {"B2B_CPU_ATTENTION": "0"},
     "B2B_CPU_LAYERNORM=0 (MLX LayerNorm ops)": {"B2B_CPU_LAYERNORM": "0"},
     "B2B_CPU_GELU=0 (compiled MLX GELU)": {"B2B_CPU_GELU": "0"},
+    "B2B_CPU_DROPOUT=0 (MLX bernoulli dropout)": {"B2B_CPU_DROPOUT": "0"},
     "B2B_CPU_VOCAB_LOSS=0 (logits + MLX cross-entropy)": {"B2B_CPU_VOCAB_LOSS": "0"},
     "B2B_CPU_ADAMW=0 (MLX AdamW, MLX norm)": {"B2B_CPU_ADAMW": "0"},
     "B2B_CPU_SHARDS=1 (training: one stream)": {"B2B_CPU_SHARDS": "1"},

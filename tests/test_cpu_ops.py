@@ -310,3 +310,50 @@ def test_gelu_reads_strided_inputs_and_steps_aside(monkeypatch):
     monkeypatch.setenv("B2B_CPU_GELU", "0")
     assert cpu_ops.gelu(x) is None and b2b.runtime_info()["cpu_gelu"] is False
     assert _rel(fastmath.gelu(x), fastmath._gelu_kernel(x)) < 1e-6  # the compiled MLX path then
+
+
+# -- dropout ----------------------------------------------------------------------------------
+
+@needs_kernels
+def test_dropout_keeps_the_expected_share_scaled_and_repeats_with_the_seed():
+    x = mx.random.normal((8, 64, 96)) + 3.0  # no zeros of its own
+    mx.random.seed(11)
+    y = cpu_ops.dropout(x, 0.1)
+    kept = np.array(y != 0)
+    assert abs(kept.mean() - 0.9) < 0.005  # 49k elements: ~5 standard deviations
+    assert float(mx.abs(mx.where(y != 0, y / x, 1 / 0.9) - 1 / 0.9).max()) < 1e-5  # kept ones scaled by 1 / (1 - p)
+    assert abs(np.corrcoef(kept.ravel()[:-1], kept.ravel()[1:])[0, 1]) < 0.02  # neighbours independent
+    mx.random.seed(11)
+    assert bool(mx.all(cpu_ops.dropout(x, 0.1) == y))  # the seed repeats the mask
+    share = float(mx.mean((cpu_ops.dropout(x, 0.1) != 0) != (y != 0)))
+    assert abs(share - 2 * 0.1 * 0.9) < 0.01  # the next draw is a fresh mask
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 1000])  # tails and whole vectors
+def test_dropout_gradient_is_the_same_mask_and_scale(n):
+    x, c = mx.random.normal((n,)) + 5.0, mx.random.normal((n,))
+    for fn in (lambda f: f, mx.compile):
+        mx.random.seed(n)
+        y, grads = fn(lambda x, c: mx.vjp(lambda x: cpu_ops.dropout(x, 0.25), [x], [c]))(x, c)
+        y, g = y[0], grads[0]
+        assert bool(mx.all((g != 0) == (y != 0)))
+        assert float(mx.abs(g - mx.where(y != 0, c / 0.75, 0.0)).max()) < 1e-5
+
+
+@needs_kernels
+def test_dropout_steps_aside_and_the_model_uses_it_in_training_only(monkeypatch):
+    x = mx.ones((4, 8))
+    assert cpu_ops.dropout(x.astype(mx.float16), 0.1) is None and cpu_ops.dropout(x, 0.0) is None
+    model = _model()
+    calls = _count_calls(monkeypatch, "dropout")
+    src = mx.array(np.random.default_rng(0).integers(5, 120, size=(2, 24)))
+    tgt = mx.array(np.random.default_rng(1).integers(5, 120, size=(2, 9)))
+    mask = mx.ones(src.shape, dtype=mx.int32)
+    mx.eval(model(src, mask, tgt))
+    assert not calls  # eval mode: no dropout
+    model.train()
+    mx.eval(model(src, mask, tgt))
+    assert len(calls) == 2 + 2 * 2 + 2 * 3  # two embeddings; 2 per encoder layer, 3 per decoder layer
+    monkeypatch.setenv("B2B_CPU_DROPOUT", "0")
+    assert cpu_ops.dropout(x, 0.1) is None

@@ -1,5 +1,5 @@
 // b2b's C kernels for MLX's CPU backend (../cpu_attention.c, ../cpu_layernorm.c,
-// ../cpu_vocab_loss.c, ../cpu_adamw.c: AdamW and a sum of squares, ../cpu_gelu.c) as MLX primitives,
+// ../cpu_vocab_loss.c, ../cpu_adamw.c: AdamW and a sum of squares, ../cpu_gelu.c, ../cpu_dropout.c) as MLX primitives,
 // so that they run inside MLX's graph: under mx.compile and value_and_grad like any op, in
 // training too. (Calling C on numpy views instead evaluates arrays mid-graph, which MLX cannot
 // compile and which keeps every array of a traced training step alive.)
@@ -7,6 +7,8 @@
 // attention(q, k, v, key_mask, causal) -> out: q already scaled, (B, H, Tq, D); k, v
 // (B, H, Tk, D); key_mask (B or 1, Tk) bool or None. The forward primitive has a second
 // output, each row's log-normaliser (B, H, Tq, 1), which only the backward primitive reads.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <optional>
@@ -43,6 +45,7 @@ void b2b_adamw(const float* p, const float* g, const float* m, const float* v, l
 double b2b_sum_squares(const float* const* xs, const long* ns, int count);
 void b2b_gelu_forward(const float* x, long n, float* y);
 void b2b_gelu_backward(const float* x, const float* dy, long n, float* dx);
+void b2b_dropout(const float* src, long n, const uint32_t* seed, uint32_t threshold, float scale, float* dst);
 void b2b_set_sgemm(void* fn);
 int b2b_has_sgemm(void);
 int b2b_vocab_loss_forward(const float* h, const float* W, const float* bias, const int32_t* labels,
@@ -116,7 +119,7 @@ class CpuPrimitive : public mx::Primitive {
   }
 
  protected:
-  float setting_;  // attention: causal (1) or not (0); layer norm: eps; GELU: none (0)
+  float setting_;  // attention: causal (1) or not (0); layer norm: eps; GELU: none (0); dropout: keep probability
 };
 
 // The attention primitives' setting is the causal flag.
@@ -231,6 +234,39 @@ class GeluForward : public CpuPrimitive {
   }
 
   const char* name() const override { return "B2BGelu"; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
+};
+
+// Dropout (../cpu_dropout.c): inputs x (row-contiguous), seed (2,) uint32; the setting is the
+// keep probability. Its gradient is the same primitive applied to the cotangent with the same
+// seed (the same mask and scale), so no mask is stored.
+class Dropout : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+
+  void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& outs) override {
+    auto& enc = prepare(*this, in, outs);
+    const float* x = in[0].data<float>();
+    const uint32_t* seed = in[1].data<uint32_t>();
+    float* y = outs[0].data<float>();
+    long n = (long)in[0].size();
+    double kept = std::ldexp((double)setting_, 32);  // threshold: keep probability * 2^32, in [1, 2^32 - 1]
+    uint32_t threshold = (uint32_t)std::min(std::max(std::round(kept), 1.0), 4294967295.0);
+    float scale = (float)(4294967296.0 / threshold);
+    enc.dispatch([=]() { b2b_dropout(x, n, seed, threshold, scale, y); });
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>&) override {
+    std::vector<mx::array> result;
+    for (int i : argnums)
+      result.push_back(i == 0 ? mx::array(primals[0].shape(), mx::float32, std::make_shared<Dropout>(stream(), setting_),
+                                          {mx::contiguous(cotangents[0], false, stream()), primals[1]})
+                              : mx::zeros_like(primals[1], stream()));
+    return result;
+  }
+
+  const char* name() const override { return "B2BDropout"; }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
 };
 
@@ -480,6 +516,14 @@ mx::array gelu(const mx::array& x) {
   return mx::array(x.shape(), mx::float32, std::make_shared<GeluForward>(s, 0.f), {mx::contiguous(x, false, s)});
 }
 
+mx::array dropout(const mx::array& x, const mx::array& seed, float keep) {
+  if (x.dtype() != mx::float32 || seed.dtype() != mx::uint32 || seed.size() != 2 || !(keep > 0.f && keep < 1.f))
+    throw std::invalid_argument("b2b dropout: float32 x, a (2,) uint32 seed and a keep probability in (0, 1)");
+  auto s = mx::default_stream(mx::Device::cpu);
+  return mx::array(x.shape(), mx::float32, std::make_shared<Dropout>(s, keep),
+                   {mx::contiguous(x, false, s), mx::contiguous(seed, false, s)});
+}
+
 mx::array vocab_loss(const mx::array& h, const mx::array& w, const mx::array& bias, const mx::array& labels,
                      const mx::array& weights, float smoothing) {
   if (h.ndim() != 2 || w.ndim() != 2 || h.dtype() != mx::float32 || w.dtype() != mx::float32 ||
@@ -525,6 +569,8 @@ NB_MODULE(_b2b_ops, m) {
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("key_mask").none(),
         nb::arg("causal"));
   m.def("gelu", &gelu, nb::arg("x"), "GELU, x Phi(x), erf by a rational approximation; differentiable");
+  m.def("dropout", &dropout, nb::arg("x"), nb::arg("seed"), nb::arg("keep"),
+        "x with each element kept with probability keep (a hash of seed and its index) and scaled; differentiable");
   m.def("layer_norm", &layer_norm, nb::arg("x"), nb::arg("weight"), nb::arg("bias"), nb::arg("eps"));
   m.def("vocab_loss", &vocab_loss, nb::arg("h"), nb::arg("weight"), nb::arg("bias"), nb::arg("labels"),
         nb::arg("weights"), nb::arg("label_smoothing"));
