@@ -127,11 +127,16 @@ def _linear(x: mx.array, w: mx.array, b: mx.array) -> mx.array:
     return mx.addmm(b, x, w.T)
 
 
+def _linear_grads(x: mx.array, w: mx.array, cotangent: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """dx, dW (row-major) and dy as (N, out) rows (for the bias's gradient)."""
+    dy = cotangent.reshape(-1, cotangent.shape[-1])
+    return cotangent @ w, dy.T @ x.reshape(-1, x.shape[-1]), dy
+
+
 @_linear.vjp
 def _linear_vjp(primals, cotangent, output):
-    x, w, _ = primals
-    dy = cotangent.reshape(-1, cotangent.shape[-1])  # (N, out)
-    return cotangent @ w, dy.T @ x.reshape(-1, x.shape[-1]), dy.sum(axis=0)
+    dx, dw, dy = _linear_grads(primals[0], primals[1], cotangent)
+    return dx, dw, dy.sum(axis=0)
 
 
 @mx.custom_function
@@ -141,9 +146,7 @@ def _linear_no_bias(x: mx.array, w: mx.array) -> mx.array:
 
 @_linear_no_bias.vjp
 def _linear_no_bias_vjp(primals, cotangent, output):
-    x, w = primals
-    dy = cotangent.reshape(-1, cotangent.shape[-1])
-    return cotangent @ w, dy.T @ x.reshape(-1, x.shape[-1])
+    return _linear_grads(primals[0], primals[1], cotangent)[:2]
 
 
 def linear(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
