@@ -79,16 +79,18 @@ class Worker:
 
 
 class Bench:
-    def __init__(self, workers: dict[str, Worker], pause: float):
-        self.w, self.pause = workers, pause
+    def __init__(self, workers: dict[str, Worker], pause: float, train_block: int = 1):
+        self.w, self.pause, self.train_block = workers, pause, max(1, train_block)
         self.sides = list(workers)
 
-    def alternate(self, reps: int, op: str, **kw) -> dict[str, list[dict]]:
-        """`reps` calls of `op` on each side, alternating which side goes first."""
+    def alternate(self, reps: int, op: str, block: int = 1, **kw) -> dict[str, list[dict]]:
+        """`reps` calls of `op` on each side, alternating which side goes first, in turns of
+        `block` consecutive calls (the last turn shorter when `block` does not divide `reps`)."""
         out: dict[str, list[dict]] = {s: [] for s in self.sides}
-        for r in range(reps):
+        for r, start in enumerate(range(0, reps, block)):
             for side in self.sides if r % 2 == 0 else self.sides[::-1]:
-                out[side].append(self.w[side].call(op, **kw))
+                for _ in range(min(block, reps - start)):
+                    out[side].append(self.w[side].call(op, **kw))
                 time.sleep(self.pause)  # let the other side's BLAS threads go idle
         return out
 
@@ -121,7 +123,7 @@ def matmul_row(bench: Bench, repeats: int) -> dict:
 def train_row(bench: Bench, task: str, folder: str, warmup: int, repeats: int, tokens: int, model_flops: int, peak: dict) -> dict:
     setup = bench.both("train_setup", task=task, folder=folder)
     bench.alternate(warmup, "train_step")  # compile / first-touch
-    steps = bench.alternate(repeats, "train_step")
+    steps = bench.alternate(repeats, "train_step", block=bench.train_block)
     row = {"setup": setup, "tokens_per_step": tokens, "model_flops_per_step": model_flops}
     for s in bench.sides:
         secs = [r["seconds"] for r in steps[s]]
@@ -255,7 +257,7 @@ def run(args) -> dict:
                 batched=shapes.gen_batch if quick else shapes.gen_articles)
     rows = set(args.rows.split(","))
     tmp = tempfile.mkdtemp(prefix="b2b-bench-")
-    res: dict = {"machine": machine(), "quick": quick, "shapes": asdict(shapes), "repeats": reps}
+    res: dict = {"machine": machine(), "quick": quick, "shapes": asdict(shapes), "repeats": reps, "train_block": args.train_block}
     t0 = time.perf_counter()
     mem_rows: dict = {}
     alive: list[Bench] = []
@@ -273,7 +275,7 @@ def run(args) -> dict:
             env = {"b2b": {}, "hf": {"B2B_BENCH_TORCH_THREADS": str(args.torch_threads)}}
             workers = {side: Worker(side, inputs, os.path.join(tmp, f"{side}.log"), env[side]) for side in ("b2b", "hf")}
             res.setdefault("frameworks", {s: w.hello["info"] for s, w in workers.items()})
-            alive.append(Bench(workers, args.pause))
+            alive.append(Bench(workers, args.pause, args.train_block))
             return alive[-1]
 
         def finish(bench: Bench, key: str) -> None:
@@ -361,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep MiniLM's float32 values in the fine-tune/generation model (default: rounded to float16 "
                         "values, as a checkpoint exported in float16 loads; both sides get the same tensors)")
     p.add_argument("--pause", type=float, default=0.1, help="seconds between the two sides' calls")
+    p.add_argument("--train-block", type=int, default=1,
+                   help="training steps each side runs back to back before the other's turn (default 1: strictly "
+                        "alternating; a training loop runs its steps back to back)")
     p.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads for the HF side (default 2: the cores)")
     p.add_argument("--budget", type=float, default=285.0, help="--quick: seconds the whole run aims to fit in")
     p.add_argument("--worker", choices=("b2b", "hf"), help=argparse.SUPPRESS)
