@@ -27,10 +27,8 @@ static void *range_part(void *arg) {
  * below `min_per_thread` elements a thread (starting a thread costs ~20-50 us). Returns the
  * number of parts: fn's `part` argument runs over 0 .. parts - 1. */
 static int parallel_range(long n, long min_per_thread, range_fn fn, void *ctx) {
-    int parts = b2b_threads();
-    if (parts > 8) parts = 8;
-    if (n / (parts > 0 ? parts : 1) < min_per_thread) parts = (int)(n / min_per_thread);
-    if (parts < 1) parts = 1;
+    int parts = b2b_threads(); /* 1 to 8 */
+    if (n / parts < min_per_thread) parts = n / min_per_thread > 1 ? (int)(n / min_per_thread) : 1;
     RangePart r[8];
     pthread_t tid[8];
     int started[8] = {0};
