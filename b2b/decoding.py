@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from .typecheck import type_problem
 
 
@@ -22,6 +24,10 @@ class DecodingConfig:
     num_beams: int = 1
     length_penalty: float = 1.0  # beam scores are divided by length ** length_penalty
     no_repeat_ngram_size: int = 3  # summaries that repeat a trigram read badly; 0 turns it off
+    # A word may not follow itself, directly or across a comma or "and" ("texas, texas", "india
+    # and india"): small summarizers stutter so ("more and more" is lost with them). Needs the
+    # tokenizer's word pieces (summarize() has them).
+    no_repeat_word: bool = True
     repetition_penalty: float = 1.0  # transformers' (CTRL's): > 1 makes tokens already written less likely; 1: off
     early_stopping: bool = True  # beam: stop once num_beams hypotheses have finished
     do_sample: bool = False
@@ -65,3 +71,27 @@ class DecodingConfig:
         if self.num_beams > 1:
             return "beam"
         return "sample" if self.do_sample and self.temperature > 0 else "greedy"
+
+
+@dataclass(frozen=True)
+class WordPieces:
+    """What decoding must know of the vocabulary to apply `no_repeat_word` (token ids alone do
+    not say where words start). Built from a Tokenizer by `summarize`."""
+
+    continues: np.ndarray  # (V,) bool: the piece continues the word before it (WordPiece "##ing")
+    joiners: frozenset[int]  # a word may not follow itself across one of these either ("," "and")
+
+    def stutters(self, history: list[int]) -> list[int]:
+        """Tokens that would start a word of `history` over again: the first piece of its last
+        word, and after a final joiner (", ", "and") also that of the word before it."""
+        banned = []
+        end = len(history)
+        while end > 0:
+            start = end - 1
+            while start > 0 and history[start] < len(self.continues) and self.continues[history[start]]:
+                start -= 1
+            banned.append(history[start])
+            if len(banned) == 2 or history[end - 1] not in self.joiners:
+                break
+            end = start
+        return banned

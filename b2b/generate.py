@@ -14,7 +14,7 @@ import numpy as np
 
 from . import cpu_step, fastmath
 from .cache import DecoderCache, StaticLayerCache, StepPosition
-from .decoding import DecodingConfig, DecodingError
+from .decoding import DecodingConfig, DecodingError, WordPieces
 from .model import Bert2Bert
 
 _OUTPUT_T = "_b2b_output_t"  # model attribute: (output matrix, its (C, V) copy) for decoding
@@ -60,14 +60,19 @@ def _penalize_repeats(logits: np.ndarray, histories: list[list[int]], penalty: f
 
 
 def _apply_constraints(
-    logits: np.ndarray, histories: list[list[int]], cfg: DecodingConfig, eos_id: int, start_id: int
+    logits: np.ndarray, histories: list[list[int]], cfg: DecodingConfig, eos_id: int, start_id: int,
+    words: WordPieces | None,
 ) -> np.ndarray:
-    """The repetition penalty, then bans as -inf logits: [SEP] before min_length and tokens
-    that repeat an n-gram. On the host, in place: a step's logits are read there anyway."""
+    """The repetition penalty, then bans as -inf logits: [SEP] before min_length, tokens that
+    repeat an n-gram, and a word following itself. On the host, in place: a step's logits are
+    read there anyway."""
     if cfg.repetition_penalty != 1.0:
         logits = _penalize_repeats(logits, histories, cfg.repetition_penalty, start_id)
+    stutters = cfg.no_repeat_word and words is not None
     for r, hist in enumerate(histories):
         banned = _banned_ngrams(hist, cfg.no_repeat_ngram_size)
+        if stutters:
+            banned += words.stutters(hist)
         if len(hist) < cfg.min_length:
             banned.append(eos_id)
         if banned:
@@ -206,7 +211,7 @@ def _output_matrix_t(model: Bert2Bert) -> mx.array:
 
 
 def greedy_or_sample(
-    model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig
+    model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None = None
 ) -> Iterator[Step | list[Hypothesis]]:
     """Greedy or sampled decoding for a batch; yields a Step per token, then the hypotheses."""
     c = model.config
@@ -217,7 +222,7 @@ def greedy_or_sample(
     reasons: list[str | None] = [None] * B
     tokens = mx.full((B, 1), c.cls_id, dtype=mx.int32)
     for _ in range(cfg.max_length):
-        logits = _apply_constraints(decode(tokens), histories, cfg, c.sep_id, c.cls_id)
+        logits = _apply_constraints(decode(tokens), histories, cfg, c.sep_id, c.cls_id, words)
         if cfg.strategy == "sample":
             key, sub = mx.random.split(key)
             chosen = _sample(mx.array(logits), cfg, sub).tolist()
@@ -237,7 +242,7 @@ def greedy_or_sample(
 
 
 def beam_search(
-    model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig
+    model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None = None
 ) -> Iterator[Step | list[Hypothesis]]:
     """Beam search batched over inputs x beams (rows b*K + k); yields the best running beam per
     input each step, then the best finished hypothesis per input."""
@@ -255,7 +260,7 @@ def beam_search(
     best: list[list[int]] = [[] for _ in range(B)]
     V = c.vocab_size
     for step in range(cfg.max_length):
-        logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id, c.cls_id)  # (B*K, V)
+        logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id, c.cls_id, words)  # (B*K, V)
         # The 2K best candidates per input, picked in NumPy: no MLX kernels or host syncs (a beam
         # step's bookkeeping went from ~2.4 to ~0.6 ms).
         total = (logprobs + scores.reshape(-1, 1).astype(np.float32)).reshape(B, K * V)
@@ -338,28 +343,31 @@ def check_fits(model: Bert2Bert, src_ids: mx.array, cfg: DecodingConfig) -> None
 
 
 def decode_stream(
-    model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig
+    model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None = None
 ) -> Iterator[Step | list[Hypothesis]]:
     """Encode once and decode with the strategy `cfg` asks for: yields Steps, then hypotheses.
     Settings that do not fit the model raise here, before the first step; the model decodes in
-    eval mode while the stream runs."""
+    eval mode while the stream runs. `cfg.no_repeat_word` applies only when `words` is given."""
     check_fits(model, src_ids, cfg)
-    return _decode(model, src_ids, src_mask, cfg)
+    return _decode(model, src_ids, src_mask, cfg, words)
 
 
 def _decode(
-    model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig
+    model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None
 ) -> Iterator[Step | list[Hypothesis]]:
     with eval_mode(model):
         memory, src_mask = _encode(model, src_ids, src_mask)
         search = beam_search if cfg.strategy == "beam" else greedy_or_sample
-        yield from search(model, memory, src_mask, cfg)
+        yield from search(model, memory, src_mask, cfg, words)
 
 
-def generate(model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig) -> list[Hypothesis]:
+def generate(
+    model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None = None
+) -> list[Hypothesis]:
     """Decode a padded batch of sources (B, S) to one hypothesis per row (in eval mode; the
-    model's mode is restored afterwards)."""
+    model's mode is restored afterwards). `cfg.no_repeat_word` applies only when `words`
+    (the tokenizer's word pieces) is given."""
     out = None
-    for out in decode_stream(model, src_ids, src_mask, cfg):
+    for out in decode_stream(model, src_ids, src_mask, cfg, words):
         pass
     return out

@@ -114,6 +114,17 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry, None when it is not in the vocabulary."""
+        return self._backend.token_to_id(check_str(token))
+
+    @functools.cached_property
+    def continues_word(self) -> np.ndarray:
+        """(vocab_size,) bool: True for the pieces that continue the word before them
+        (WordPiece's "##" prefix), which decoding needs to tell where words start."""
+        prefix = getattr(self._backend.model, "continuing_subword_prefix", None) or "##"
+        return np.array([(self._backend.id_to_token(i) or "").startswith(prefix) for i in range(self.vocab_size)])
+
     @classmethod
     def default(cls) -> "Tokenizer":
         """The bundled bert-base-uncased vocabulary, lowercasing."""

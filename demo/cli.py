@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dec.add_argument("--strategy", choices=["beam", "greedy", "sampling"], default=SUMMARIZE_DEFAULTS["strategy"])
     for name in DECODING_FIELDS[1:]:
         default = SUMMARIZE_DEFAULTS[name]
-        dec.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=f"default {default}")
+        # A bool flag takes true/false as text (decoding_kwargs reads it): bool("false") is True.
+        kind = str if isinstance(default, bool) else type(default)
+        dec.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=f"default {default}")
     return p.parse_args(argv)
 
 

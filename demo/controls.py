@@ -23,6 +23,7 @@ class DecodingControls:
     top_p: gr.Slider
     seed: gr.Number
     repetition_penalty: gr.Slider
+    no_repeat_word: gr.Checkbox
 
     @property
     def inputs(self) -> list:
@@ -59,6 +60,10 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
                 1.0, 2.0, value=d["repetition_penalty"], step=0.05, label="Repetition penalty",
                 info="Above 1 makes words already written less likely; 1: off.",
             )
+            stutter = gr.Checkbox(
+                value=d["no_repeat_word"], label="Block word stutter",
+                info='A word may not follow itself, directly or after "," or "and" ("texas, texas").',
+            )
         with gr.Row():
             # No minimum/maximum on these: gradio would refuse an out-of-range value with a vague
             # error; decoding_kwargs checks the range and says it in one sentence.
@@ -71,7 +76,7 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             top_p = gr.Slider(0.05, 1.0, value=d["top_p"], step=0.05, label="Top-p", info="1: off", visible=sampling)
             seed = gr.Number(value=d["seed"], precision=0, label="Seed", info="-1: random", visible=sampling)
     controls = DecodingControls(
-        strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed, repetition
+        strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed, repetition, stutter
     )
     strategy.change(
         _visibility, strategy, [num_beams, length_penalty, temperature, top_k, top_p, seed],

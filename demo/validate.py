@@ -25,7 +25,7 @@ MAX_NEW_TOKENS = 512
 MAX_BEAMS = 16
 SUMMARIZE_DEFAULTS = dict(
     strategy="beam", num_beams=4, length_penalty=1.0, no_repeat_ngram_size=3, min_length=10,
-    max_length=128, temperature=1.0, top_k=50, top_p=0.95, seed=-1, repetition_penalty=1.0,
+    max_length=128, temperature=1.0, top_k=50, top_p=0.95, seed=-1, repetition_penalty=1.0, no_repeat_word=True,
 )
 # ROUGE over many articles on a CPU: greedy keeps it to seconds per batch.
 EVAL_DEFAULTS = dict(SUMMARIZE_DEFAULTS, strategy="greedy", num_beams=1)
@@ -186,6 +186,18 @@ def _number(value: object, label: str, integer: bool, low: float, high: float) -
     return number
 
 
+def _flag(value: object, label: str) -> bool:
+    """A checkbox value: a bool, or its usual spellings from an API client."""
+    if isinstance(value, bool):
+        return value
+    spelled = str(value).strip().lower()
+    if spelled in ("true", "1", "yes", "on"):
+        return True
+    if spelled in ("false", "0", "no", "off"):
+        return False
+    raise BadInput(f"{label} must be true or false, not {value!r}.")
+
+
 def decoding_kwargs(
     strategy: str = "beam",
     num_beams: object = 4,
@@ -198,6 +210,7 @@ def decoding_kwargs(
     top_p: object = 0.95,
     seed: object = -1,
     repetition_penalty: object = 1.0,
+    no_repeat_word: object = True,
 ) -> dict:
     """The UI's decoding settings as `summarize()` keyword arguments, checked (BadInput)."""
     strategy = (strategy or "").strip().lower()
@@ -211,6 +224,7 @@ def decoding_kwargs(
         no_repeat_ngram_size=_number(no_repeat_ngram_size, "No-repeat n-gram size", True, 0, 10),
         # Below 1 it would reward repeating; transformers allows it, a summary never wants it.
         repetition_penalty=_number(repetition_penalty, "Repetition penalty", False, 1, 5),
+        no_repeat_word=_flag(no_repeat_word, "Block word stutter"),
     )
     if kw["min_length"] > kw["max_length"]:
         raise BadInput(f"Min length ({kw['min_length']}) must not exceed max length ({kw['max_length']}).")

@@ -136,8 +136,14 @@ def test_data_files(tmp_path):
 def test_decoding_kwargs_per_strategy():
     beam = decoding_kwargs("beam", 4, 1.2, 3, 5, 60, 1.0, 50, 0.9, -1)
     assert beam == dict(
-        min_length=5, max_length=60, no_repeat_ngram_size=3, repetition_penalty=1.0, num_beams=4, length_penalty=1.2
+        min_length=5, max_length=60, no_repeat_ngram_size=3, repetition_penalty=1.0, no_repeat_word=True, num_beams=4,
+        length_penalty=1.2,
     )
+    # The checkbox, or an API client's spelling of it; anything else is a sentence.
+    assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, False)["no_repeat_word"] is False
+    assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, "false")["no_repeat_word"] is False
+    with pytest.raises(BadInput, match="Block word stutter must be true or false"):
+        decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, "maybe")
     assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.25)["repetition_penalty"] == 1.25
     greedy = decoding_kwargs("greedy", 4, 1.2, 0, 0, 20, 1.0, 50, 0.9, -1)
     assert "num_beams" not in greedy and "do_sample" not in greedy

@@ -214,3 +214,41 @@ def test_the_decoding_copy_of_the_output_matrix_is_kept_only_while_serving(tiny_
     tiny_model.eval()
     generate(tiny_model, src, mask, DecodingConfig(max_length=4))
     assert "_b2b_output_t" in tiny_model.__dict__  # serving keeps it between calls
+
+
+def test_word_pieces_find_the_word_that_would_stutter(tokenizer):
+    from b2b.decoding import WordPieces
+
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    words = WordPieces(tokenizer.continues_word, frozenset({tokenizer.token_id(","), tokenizer.token_id("and")}))
+    comma, texas = tokenizer.token_id(","), tokenizer.token_id("texas")
+    assert words.stutters([]) == [] and words.stutters(ids(",")) == [comma]
+    assert words.stutters(ids("in texas")) == [texas]
+    assert words.stutters(ids("in texas ,")) == [comma, texas]  # neither "texas, texas" nor ", ,"
+    assert words.stutters(ids("india and")) == ids("and") + ids("india")  # "india and india"
+    # A word of several pieces: its first piece may not start it again.
+    pieces = ids("in gorbachev")
+    assert len(pieces) > 2 and words.stutters(pieces) == [pieces[1]]
+    assert tokenizer.continues_word[pieces[-1]] and not tokenizer.continues_word[pieces[1]]
+
+
+def test_no_repeat_word_stops_a_word_following_itself(tiny_model, tokenizer):
+    from b2b.decoding import WordPieces
+
+    src, mask = _src()
+    texas, comma = tokenizer.token_id("texas"), tokenizer.token_id(",")
+    bias = np.zeros(tiny_model.config.vocab_size, dtype=np.float32)
+    bias[texas], bias[comma] = 60.0, 50.0  # without the rule: "texas texas texas ..."
+    tiny_model.decoder.lm_head.bias = mx.array(bias)
+    words = WordPieces(tokenizer.continues_word, frozenset({comma}))
+    for beams in (1, 3):
+        loose = DecodingConfig(max_length=12, num_beams=beams, no_repeat_ngram_size=0, no_repeat_word=False)
+        assert all(h.tokens[:2] == [texas, texas] for h in generate(tiny_model, src, mask, loose, words))
+        strict = DecodingConfig(max_length=12, num_beams=beams, no_repeat_ngram_size=0)
+        for h in generate(tiny_model, src, mask, strict, words):
+            assert texas in h.tokens
+            for i in range(1, len(h.tokens)):
+                assert not (h.tokens[i] == h.tokens[i - 1] and not words.continues[h.tokens[i]]), h.tokens
+                assert not (h.tokens[i - 1] == comma and i >= 2 and h.tokens[i] == h.tokens[i - 2]), h.tokens
+        # Without word pieces (a bare generate call), the rule cannot apply.
+        assert generate(tiny_model, src, mask, strict)[0].tokens[:2] == [texas, texas]

@@ -172,3 +172,15 @@ def test_attention_maps_take_a_plain_list_of_source_ids(tiny_model, tokenizer):
     from_array = attention_maps(tiny_model, tokenizer, mx.array([ids], dtype=mx.int32), [2000, 2001], ended=True)
     assert from_list.source_tokens == from_array.source_tokens
     assert np.array_equal(from_list.cross, from_array.cross)
+
+
+def test_summaries_do_not_stutter_unless_asked(tiny_model, tokenizer):
+    texas = tokenizer.token_id("texas")
+    bias = np.zeros(tiny_model.config.vocab_size, dtype=np.float32)
+    bias[texas] = 60.0  # the model now wants "texas texas texas ..."
+    tiny_model.decoder.lm_head.bias = mx.array(bias)
+    article = "Storms hit Texas on Monday."
+    assert summarize(tiny_model, tokenizer, article, max_length=6, no_repeat_word=False).token_ids[:2] == [texas, texas]
+    for beams in (1, 2):
+        ids = summarize(tiny_model, tokenizer, article, max_length=6, num_beams=beams).token_ids
+        assert texas in ids and all(a != b for a, b in zip(ids, ids[1:])), ids
