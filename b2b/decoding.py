@@ -24,9 +24,9 @@ class DecodingConfig:
     num_beams: int = 1
     length_penalty: float = 1.0  # beam scores are divided by length ** length_penalty
     no_repeat_ngram_size: int = 3  # summaries that repeat a trigram read badly; 0 turns it off
-    # A word may not follow itself, directly or across a comma or "and" ("texas, texas", "india
-    # and india"): small summarizers stutter so ("more and more" is lost with them). Needs the
-    # tokenizer's word pieces (summarize() has them).
+    # A word or phrase may not follow itself, directly or across a comma or "and" ("texas, texas",
+    # "new york and new york", "city beach city beach"): small summarizers stutter so ("more and
+    # more" is lost with them). Needs the tokenizer's word pieces (summarize() has them).
     no_repeat_word: bool = True
     repetition_penalty: float = 1.0  # transformers' (CTRL's): > 1 makes tokens already written less likely; 1: off
     early_stopping: bool = True  # beam: stop once num_beams hypotheses have finished
@@ -79,19 +79,38 @@ class WordPieces:
     not say where words start). Built from a Tokenizer by `summarize`."""
 
     continues: np.ndarray  # (V,) bool: the piece continues the word before it (WordPiece "##ing")
-    joiners: frozenset[int]  # a word may not follow itself across one of these either ("," "and")
+    joiners: frozenset[int]  # a phrase may not follow itself across one of these either ("," "and")
+    span: int = 4  # the longest phrase checked, in words
 
     def stutters(self, history: list[int]) -> list[int]:
-        """Tokens that would start a word of `history` over again: the first piece of its last
-        word, and after a final joiner (", ", "and") also that of the word before it."""
+        """First pieces of the words that would complete a phrase following itself: directly
+        ("texas texas", "city beach city beach") or across the last joiner ("texas, texas",
+        "march 7, march 7", "new york and new york"). Phrases of up to `span` words."""
+        words = self._last_words(history, 2 * self.span)
+        n = len(words)
         banned = []
+        for k in range(1, min(self.span, (n + 1) // 2) + 1):
+            # A phrase of k words, then its first k - 1 again: its k-th word would end the copy.
+            if words[n - k + 1 :] == words[n - 2 * k + 1 : n - k]:
+                banned.append(words[n - k][0])
+        for j in range(n - 1, max(n - self.span, 1) - 1, -1):
+            if len(words[j]) == 1 and words[j][0] in self.joiners:
+                # The m words since the joiner repeat the m before words[j - 1]: it would end the copy.
+                m = n - 1 - j
+                if j - m - 1 >= 0 and words[j - m - 1 : j - 1] == words[j + 1 :]:
+                    banned.append(words[j - 1][0])
+                break
+        return banned
+
+    def _last_words(self, history: list[int], count: int) -> list[tuple[int, ...]]:
+        """The last `count` words of `history` (fewer if it is shorter), each a tuple of its
+        pieces, oldest first. A word starts at a piece that does not continue the one before."""
+        words = []
         end = len(history)
-        while end > 0:
+        while end > 0 and len(words) < count:
             start = end - 1
             while start > 0 and history[start] < len(self.continues) and self.continues[history[start]]:
                 start -= 1
-            banned.append(history[start])
-            if len(banned) == 2 or history[end - 1] not in self.joiners:
-                break
+            words.append(tuple(history[start:end]))
             end = start
-        return banned
+        return words[::-1]

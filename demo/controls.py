@@ -62,7 +62,8 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             )
             stutter = gr.Checkbox(
                 value=d["no_repeat_word"], label="Block word stutter",
-                info='A word may not follow itself, directly or after "," or "and" ("texas, texas").',
+                info='A word or short phrase may not follow itself, directly or after "," or "and" '
+                '("texas, texas", "new york and new york").',
             )
         with gr.Row():
             # No minimum/maximum on these: gradio would refuse an out-of-range value with a vague

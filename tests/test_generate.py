@@ -232,6 +232,30 @@ def test_word_pieces_find_the_word_that_would_stutter(tokenizer):
     assert tokenizer.continues_word[pieces[-1]] and not tokenizer.continues_word[pieces[1]]
 
 
+def test_word_pieces_find_the_phrase_that_would_stutter(tokenizer):
+    from b2b.decoding import WordPieces
+
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    first = lambda word: ids(word)[0]  # noqa: E731
+    words = WordPieces(tokenizer.continues_word, frozenset({tokenizer.token_id(","), tokenizer.token_id("and")}))
+    # Directly: "city beach city" may not go on with "beach" (nor "city", a word after itself).
+    assert words.stutters(ids("at city beach city")) == [first("city"), first("beach")]
+    assert first("beach") not in words.stutters(ids("at city beach town"))
+    # Across the last joiner: "march 7, march" -> not "7"; "new york and new" -> not "york".
+    assert first("7") in words.stutters(ids("on march 7 , march"))
+    assert first("york") in words.stutters(ids("in new york and new"))
+    assert first("york") not in words.stutters(ids("in new york and old"))
+    assert first("jersey") not in words.stutters(ids("in new york and new"))
+    # Three words, one of several pieces.
+    phrase = "gorbachev said it"
+    assert first("it") in words.stutters(ids(f"then {phrase} , gorbachev said"))
+    # Phrases longer than `span` words are not checked; the copy must follow at once.
+    long = "one two three four five"
+    assert first("five") not in words.stutters(ids(f"{long} , one two three four"))
+    assert first("four") in words.stutters(ids("one two three four , one two three"))
+    assert first("7") not in words.stutters(ids("on march 7 , then march"))
+
+
 def test_no_repeat_word_stops_a_word_following_itself(tiny_model, tokenizer):
     from b2b.decoding import WordPieces
 

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--no-repeat-ngram-size", type=int, default=3)
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="as transformers' generate; 1: off")
-    p.add_argument("--allow-word-repeats", action="store_true", help="let a word follow itself (\"texas, texas\"); banned by default")
+    p.add_argument("--allow-word-repeats", action="store_true", help="let a word or phrase follow itself (\"texas, texas\"); banned by default")
     p.add_argument("--max-source-length", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", default="", help="write the report as JSON here (and per-example CSV beside it); default: eval_<data>_first<N>_beam<K>.json in the checkpoint folder")
