@@ -345,3 +345,21 @@ def test_csv_and_jsonl_with_a_byte_order_mark(tmp_path):
     for path in (csv_path, jsonl_path):
         pairs = load_summarization_pairs(str(path))
         assert len(pairs) == 1 and pairs.articles[0].startswith("The ")
+
+
+def test_strip_update_labels_removes_cnns_new_label_from_each_line():
+    from train.data import SummarizationData, strip_update_labels
+
+    data = SummarizationData(
+        ["a", "b", "c", "d"],
+        [
+            'new : " i thought i was going to die , " driver says .\nnew: truck was folded in half .',
+            "NEW: Police say the fire is out.\nThe new: label is only a label at the start.",
+            "brand new : shoes sell out .\nnewton : apples fall .",  # not labels
+            "new :",  # nothing but a label: kept, not emptied
+        ],
+    )
+    assert strip_update_labels(data) == 2
+    assert data.summaries[0] == '" i thought i was going to die , " driver says .\ntruck was folded in half .'
+    assert data.summaries[1] == "Police say the fire is out.\nThe new: label is only a label at the start."
+    assert data.summaries[2:] == ["brand new : shoes sell out .\nnewton : apples fall .", "new :"]

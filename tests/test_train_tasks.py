@@ -70,3 +70,16 @@ def test_lead3_is_scored_once_per_run(tmp_path, tokenizer, cnndm_rows, monkeypat
         second = task.evaluate(model, 2, writer)
     assert len(calls) == 2  # the two ROUGE articles, at the first evaluation only
     assert set(first) == set(second) >= {"val/loss", "val/rouge2"}
+
+
+def test_finetune_removes_cnns_update_label_from_training_summaries_unless_kept(tmp_path, tokenizer):
+    rows = [{"article": f"story {i} about a fire .", "highlights": ["new : fire is out .", "crews stay ."]} for i in range(20)]
+    write_pairs(tmp_path / "train.jsonl", rows)
+    write_pairs(tmp_path / "val.jsonl", rows[:2])
+    first_words = {}
+    for keep in (False, True):
+        s = FinetuneSettings(data=str(tmp_path), max_source_len=32, max_target_len=16, keep_update_labels=keep)
+        task = SummarizationTask(s, tokenizer, 512)
+        first_words[keep] = {tokenizer.decode(t[1:3].tolist()) for t in task.train.targets}
+    assert first_words == {False: {"Fire is"}, True: {"New:"}}  # decode() detokenizes
+    assert "keep_update_labels" in FinetuneSettings.RUN_IDENTITY  # a resume may not switch it

@@ -16,7 +16,7 @@ import numpy as np
 from b2b import Bert2Bert, Tokenizer
 
 from .batching import bucketed_batches, collate
-from .data import folder_has_split, load_summarization_pairs, tokenize_pairs
+from .data import folder_has_split, load_summarization_pairs, strip_update_labels, tokenize_pairs
 from .evaluate import evaluate_rouge
 from .command import run_command
 from .loop import Batch
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 class FinetuneSettings(TrainSettings):
     RUN_IDENTITY: ClassVar[tuple[str, ...]] = TrainSettings.RUN_IDENTITY + (
         "data", "data_config", "val_data", "article_field", "summary_field", "limit", "max_source_len", "max_target_len", "share",
+        "keep_update_labels",
     )
 
     data: str = field(default="tests/fixtures/cnndm_tok_sample.jsonl.gz", metadata={"help": "JSONL/JSONL.GZ/CSV/Parquet, or a hub dataset name"})
@@ -41,6 +42,7 @@ class FinetuneSettings(TrainSettings):
     limit: int = field(default=0, metadata={"help": "use only the first N training pairs (0: all)"})
     max_source_len: int = 512
     max_target_len: int = 128
+    keep_update_labels: bool = field(default=False, metadata={"help": 'keep CNN\'s "NEW:" label at the start of training summary lines (removed by default: 8%% of CNN/DM\'s training pairs have one, its test set none)'})
     share: bool = field(default=False, metadata={"help": "BERTShare: the decoder reuses the encoder's weights"})
     label_smoothing: float = 0.0
     val_examples: int = field(default=200, metadata={"help": "validation pairs for val/loss"})
@@ -90,6 +92,8 @@ class SummarizationTask:
             val = type(data)(data.articles[-cut:], data.summaries[-cut:], 0, data.source)
             data = type(data)(data.articles[:-cut], data.summaries[:-cut], data.skipped_empty, data.source)
             log.info("Validation: the last %d pairs of %s, held out from training (no --val-data, no validation split).", cut, data.source)
+        if not s.keep_update_labels and (changed := strip_update_labels(data)):
+            log.info('Removed CNN\'s "NEW:" label from %d training summaries (--keep-update-labels keeps it).', changed)
         self.train = tokenize_pairs(data, tokenizer, src_len, tgt_len)
         self.val = tokenize_pairs(val, tokenizer, src_len, tgt_len)
         self.val_text = val
