@@ -1,19 +1,20 @@
 """b2b's C kernels for MLX's CPU backend as MLX primitives, in a small C++ extension
 (ext/ops.cpp): fused softmax attention, forward and backward (cpu_attention.c), LayerNorm,
-forward and backward (cpu_layernorm.c), the vocabulary projection with its cross-entropy
-(cpu_vocab_loss.c) and one AdamW update (cpu_adamw.c); see their headers for why. (A GELU
-kernel in C was tried too: no faster than fastmath's compiled GELU inside a compiled training
-step, so it was dropped.)
+forward and backward (cpu_layernorm.c), exact-erf GELU (cpu_gelu.c), dropout (cpu_dropout.c),
+the vocabulary projection with its cross-entropy (cpu_vocab_loss.c) and one AdamW update
+(cpu_adamw.c); see their headers for why.
 
 Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile` and
-`value_and_grad`, so training uses them as well as inference. `attention(q, k, v, mask)`
+`value_and_grad`, so training uses them as well as inference. The model's four (attention,
+LayerNorm, GELU, dropout) also take `mx.vmap`, and GELU and dropout `mx.jvp`; attention's and
+LayerNorm's forward-mode derivatives are not written (MLX then says "not implemented"). `attention(q, k, v, mask)`
 (scaled q) returns None where it does not apply, and `fastmath` then computes the same thing
 with MLX ops. It applies on the CPU device (a GPU has MLX's own fast kernels) to float32, a
 head size that is a multiple of 16 and a key-padding mask, "causal" or no mask; off with
 B2B_CPU_ATTENTION=0. The others likewise return None where they do not apply: `layer_norm`
 (float32, with weight and bias; off with B2B_CPU_LAYERNORM=0), `vocab_loss` (float32, with the
 BLAS's cblas_sgemm; B2B_CPU_VOCAB_LOSS=0), `adamw` and `sum_squares` (float32;
-B2B_CPU_ADAMW=0).
+B2B_CPU_ADAMW=0), `gelu` and `dropout` (float32; B2B_CPU_GELU=0, B2B_CPU_DROPOUT=0).
 `set_threads` caps the attention kernel's threads (train/step.py).
 
 The extension is built once per source version, MLX and Python version and machine into

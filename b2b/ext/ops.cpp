@@ -27,6 +27,13 @@
 namespace nb = nanobind;
 namespace mx = mlx::core;
 
+// The builders (defined at the end), which the primitives' vmap call on the mapped inputs.
+std::vector<mx::array> attention_outputs(std::vector<mx::array> inputs, bool causal);
+std::vector<mx::array> layer_norm_outputs(const mx::array& x, const mx::array& w, const mx::array& b, float eps);
+mx::array gelu(const mx::array& x);
+mx::array dropout(const mx::array& x, const mx::array& seed, float keep);
+using Mapped = std::pair<std::vector<mx::array>, std::vector<int>>;  // vmap's outputs and their mapped axes
+
 extern "C" {
 int b2b_attention_forward(const float* q, const long* qs, const float* k, const long* ks, const float* v,
                           const long* vs, const uint8_t* key_mask, long mask_b, int causal, int B, int H, int Tq,
@@ -190,6 +197,39 @@ class AttentionForward : public AttentionPrimitive {
     return result;
   }
 
+  // vmap folds the mapped axis into the batch: (V, B, H, T, D) -> (V * B, H, T, D), and back.
+  Mapped vmap(const std::vector<mx::array>& in, const std::vector<int>& axes) override {
+    auto s = stream();
+    int V = 1;
+    for (size_t i = 0; i < in.size(); i++)
+      if (axes[i] >= 0) V = in[i].shape(axes[i]);
+    auto lead = [&](const mx::array& a, int axis) {  // the mapped axis first, V long
+      auto m = axis >= 0 ? mx::moveaxis(a, axis, 0, s) : mx::expand_dims(a, 0, s);
+      auto shape = m.shape();
+      shape[0] = V;
+      return mx::broadcast_to(m, shape, s);
+    };
+    std::vector<mx::array> folded;
+    for (size_t i = 0; i < 3; i++) {
+      auto a = lead(in[i], axes[i]);  // (V, B, H, T, D)
+      folded.push_back(mx::reshape(a, {V * a.shape(1), a.shape(2), a.shape(3), a.shape(4)}, s));
+    }
+    int B = folded[0].shape(0) / V;
+    if (in.size() > 3) {  // the uint8 key mask, (B or 1, Tk)
+      auto m = lead(in[3], axes[3]);
+      m = mx::broadcast_to(m, {V, B, m.shape(2)}, s);
+      folded.push_back(mx::contiguous(mx::reshape(m, {V * B, m.shape(2)}, s), false, s));
+    }
+    std::vector<mx::array> outs;
+    for (auto& o : attention_outputs(std::move(folded), causal_)) {
+      auto shape = o.shape();
+      shape[0] = B;
+      shape.insert(shape.begin(), V);
+      outs.push_back(mx::reshape(o, shape, s));
+    }
+    return {outs, {0, 0}};
+  }
+
   const char* name() const override { return "B2BAttention"; }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override {
     auto lse = in[0].shape();
@@ -233,6 +273,17 @@ class GeluForward : public CpuPrimitive {
                       {primals[0], dy})};
   }
 
+  Mapped vmap(const std::vector<mx::array>& in, const std::vector<int>& axes) override {
+    return {{gelu(in[0])}, {axes[0]}};  // elementwise: the mapped axis stays where it is
+  }
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                             const std::vector<int>&) override {
+    // GELU'(x) t is the backward kernel with t as the cotangent.
+    auto t = mx::contiguous(tangents[0], false, stream());
+    return {mx::array(primals[0].shape(), mx::float32, std::make_shared<GeluBackward>(stream(), 0.f), {primals[0], t})};
+  }
+
   const char* name() const override { return "B2BGelu"; }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
 };
@@ -264,6 +315,22 @@ class Dropout : public CpuPrimitive {
                                           {mx::contiguous(cotangents[0], false, stream()), primals[1]})
                               : mx::zeros_like(primals[1], stream()));
     return result;
+  }
+
+  // Elementwise: mapped, each example gets its own mask (the hash runs over the whole array).
+  Mapped vmap(const std::vector<mx::array>& in, const std::vector<int>& axes) override {
+    if (axes[1] >= 0) throw std::invalid_argument("b2b dropout: vmap over the seed is not supported");
+    return {{dropout(in[0], in[1], setting_)}, {axes[0]}};
+  }
+
+  // Linear in x: the tangent goes through the same mask and scale; the seed has none.
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    for (size_t i = 0; i < argnums.size(); i++)
+      if (argnums[i] == 0)
+        return {mx::array(primals[0].shape(), mx::float32, std::make_shared<Dropout>(stream(), setting_),
+                          {mx::contiguous(tangents[i], false, stream()), primals[1]})};
+    return {mx::zeros_like(primals[0], stream())};
   }
 
   const char* name() const override { return "B2BDropout"; }
@@ -327,6 +394,34 @@ class LayerNormForward : public NormPrimitive {
     std::vector<mx::array> result;
     for (int i : argnums) result.push_back(grads[i]);
     return result;
+  }
+
+  // vmap: the kernel normalizes the last axis, so a mapped last axis moves to the front. A mapped
+  // weight or bias (an ensemble of norms) is computed with MLX's ops instead.
+  Mapped vmap(const std::vector<mx::array>& in, const std::vector<int>& axes) override {
+    auto s = stream();
+    auto x = in[0];
+    int ax = axes[0];
+    if (axes[1] < 0 && axes[2] < 0) {
+      if (ax == x.ndim() - 1) x = mx::moveaxis(x, ax, 0, s), ax = 0;
+      return {layer_norm_outputs(x, in[1], in[2], eps()), {ax, ax, ax}};
+    }
+    int V = axes[1] >= 0 ? in[1].shape(axes[1]) : in[2].shape(axes[2]);
+    x = ax >= 0 ? mx::moveaxis(x, ax, 0, s) : mx::expand_dims(x, 0, s);
+    auto shape = x.shape();
+    shape[0] = V;
+    x = mx::broadcast_to(x, shape, s);  // (V, ..., C)
+    auto per_example = [&](const mx::array& p, int axis) {  // (V, 1, ..., 1, C), or (C,) when not mapped
+      if (axis < 0) return p;
+      mx::Shape one(x.ndim(), 1);
+      one.front() = V, one.back() = x.shape(-1);
+      return mx::reshape(mx::moveaxis(p, axis, 0, s), one, s);
+    };
+    auto mean = mx::mean(x, -1, false, s);
+    auto rstd = mx::rsqrt(mx::add(mx::var(x, -1, false, 0, s), mx::array(eps()), s), s);
+    auto y = mx::multiply(mx::subtract(x, mx::expand_dims(mean, -1, s), s), mx::expand_dims(rstd, -1, s), s);
+    y = mx::add(mx::multiply(y, per_example(in[1], axes[1]), s), per_example(in[2], axes[2]), s);
+    return {{y, mean, rstd}, {0, 0, 0}};
   }
 
   const char* name() const override { return "B2BLayerNorm"; }
@@ -475,28 +570,33 @@ class SumSquares : public CpuPrimitive {
 
 }  // namespace
 
-mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, std::optional<mx::array> key_mask,
-                    bool causal) {
+std::vector<mx::array> attention_outputs(std::vector<mx::array> inputs, bool causal) {
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.dtype() != mx::float32 || k.dtype() != mx::float32 ||
       v.dtype() != mx::float32 || q.shape(3) % 16 != 0 || k.shape() != v.shape() || q.shape(3) != k.shape(3) ||
       q.shape(0) != k.shape(0) || q.shape(1) != k.shape(1))
     throw std::invalid_argument("b2b attention: float32 (B, H, T, D) q, k, v with D a multiple of 16");
-  auto s = mx::default_stream(mx::Device::cpu);
-  std::vector<mx::array> inputs = {q, k, v};
-  if (key_mask) {
-    auto m = *key_mask;
+  if (inputs.size() > 3) {
+    const auto& m = inputs[3];
     if (m.ndim() != 2 || m.shape(1) != k.shape(2) || (m.shape(0) != 1 && m.shape(0) != k.shape(0)))
       throw std::invalid_argument("b2b attention: key_mask must be (B or 1, Tk)");
-    inputs.push_back(mx::contiguous(mx::astype(m, mx::uint8, s), false, s));
   }
   auto lse_shape = q.shape();
   lse_shape.back() = 1;
-  auto outs = mx::array::make_arrays({q.shape(), lse_shape}, {mx::float32, mx::float32},
-                                     std::make_shared<AttentionForward>(s, causal), inputs);
-  return outs[0];
+  auto s = mx::default_stream(mx::Device::cpu);
+  return mx::array::make_arrays({q.shape(), lse_shape}, {mx::float32, mx::float32},
+                                std::make_shared<AttentionForward>(s, causal), inputs);
 }
 
-mx::array layer_norm(const mx::array& x, const mx::array& w, const mx::array& b, float eps) {
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, std::optional<mx::array> key_mask,
+                    bool causal) {
+  auto s = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = {q, k, v};
+  if (key_mask) inputs.push_back(mx::contiguous(mx::astype(*key_mask, mx::uint8, s), false, s));
+  return attention_outputs(std::move(inputs), causal)[0];
+}
+
+std::vector<mx::array> layer_norm_outputs(const mx::array& x, const mx::array& w, const mx::array& b, float eps) {
   int C = x.ndim() ? x.shape(-1) : 0;
   if (x.ndim() < 1 || x.dtype() != mx::float32 || w.dtype() != mx::float32 || b.dtype() != mx::float32 ||
       w.shape() != mx::Shape{C} || b.shape() != mx::Shape{C} || C < 1)
@@ -504,10 +604,13 @@ mx::array layer_norm(const mx::array& x, const mx::array& w, const mx::array& b,
   auto s = mx::default_stream(mx::Device::cpu);
   auto rows = x.shape();
   rows.pop_back();
-  auto outs = mx::array::make_arrays(
+  return mx::array::make_arrays(
       {x.shape(), rows, rows}, {mx::float32, mx::float32, mx::float32}, std::make_shared<LayerNormForward>(s, eps),
       {mx::contiguous(x, false, s), mx::contiguous(w, false, s), mx::contiguous(b, false, s)});
-  return outs[0];
+}
+
+mx::array layer_norm(const mx::array& x, const mx::array& w, const mx::array& b, float eps) {
+  return layer_norm_outputs(x, w, b, eps)[0];
 }
 
 mx::array gelu(const mx::array& x) {
