@@ -33,7 +33,8 @@ from . import cpu_ops
 
 _SQUARINGS = 7  # exp(x) = exp(x / 128) ** 128: |x / 128| <= 0.68 on the clipped range
 _TAYLOR = [1.0 / math.factorial(k) for k in range(7)]  # degree 6: 21 multiply-adds in all
-# Eigen's float erf: x * P(x^2) / Q(x^2) on [-4, 4]; erf(4) rounds to 1 in float32.
+# Eigen's float erf: x * P(x^2) / Q(x^2) on [-4, 4]; erf(4) rounds to 1 in float32. cpu_gelu.c has
+# the same coefficients (tests/test_fastmath.py checks they agree).
 _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
 _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,

@@ -137,3 +137,15 @@ def test_linear_matches_nn_linear_and_its_weight_gradient_is_row_major(bias):
     dx1, dx2 = (mx.grad(lambda x, m=m: loss(m, x))(x) for m in (fast, plain))
     assert float(mx.abs(dx1 - dx2).max()) < 1e-5
     assert np.array(g1["weight"], copy=False).flags["C_CONTIGUOUS"] == fastmath.enabled()
+
+
+def test_the_c_gelu_kernel_uses_fastmaths_erf_coefficients():
+    """The erf approximation is written twice (fastmath.py for MLX ops, cpu_gelu.c for the
+    kernel): the two must not drift apart."""
+    import re
+    from pathlib import Path
+
+    source = (Path(fastmath.__file__).parent / "cpu_gelu.c").read_text()
+    for name, want in (("erf_p", fastmath._ERF_P), ("erf_q", fastmath._ERF_Q)):
+        body = re.search(rf"{name}\[\d+\] = \{{([^}}]*)\}}", source).group(1)
+        assert tuple(float(c.strip().rstrip("f")) for c in body.split(",")) == want, name
