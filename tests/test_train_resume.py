@@ -179,3 +179,23 @@ def test_resume_with_a_broken_settings_file_is_one_sentence(tmp_path, tiny_model
         parse_settings(FinetuneSettings, ["--data", "x.jsonl", "--out", str(tmp_path), "--resume"])
     assert stop.value.code == 2
     assert "settings.json is unreadable" in capsys.readouterr().err
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_as_it_ran(tmp_path, tiny_model, tokenizer):
+    """Runs saved before --keep-update-labels existed kept CNN's "NEW:" label: resumed, they
+    keep it, and switching it is refused like any change of data."""
+    import json
+
+    from b2b import save_checkpoint
+    from train.checkpoints import STATE
+    from train.finetune import FinetuneSettings
+    from train.settings import parse_settings
+
+    save_checkpoint(tiny_model, tokenizer, str(tmp_path / "checkpoints" / "step_0000001"))
+    (tmp_path / "checkpoints" / "step_0000001" / STATE).write_text("{}")
+    (tmp_path / "settings.json").write_text(json.dumps({"data": "x.jsonl", "batch_size": 8}))
+    resumed = parse_settings(FinetuneSettings, ["--out", str(tmp_path), "--resume"])
+    assert resumed.keep_update_labels is True and resumed.batch_size == 8
+    with pytest.raises(SystemExit):
+        parse_settings(FinetuneSettings, ["--out", str(tmp_path), "--resume", "--no-keep-update-labels"])
+    assert parse_settings(FinetuneSettings, ["--data", "x.jsonl"]).keep_update_labels is False  # new runs

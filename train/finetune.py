@@ -33,6 +33,7 @@ class FinetuneSettings(TrainSettings):
         "data", "data_config", "val_data", "article_field", "summary_field", "limit", "max_source_len", "max_target_len", "share",
         "keep_update_labels",
     )
+    BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {"keep_update_labels": True}  # older runs kept "NEW:"
 
     data: str = field(default="tests/fixtures/cnndm_tok_sample.jsonl.gz", metadata={"help": "JSONL/JSONL.GZ/CSV/Parquet, or a hub dataset name"})
     data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. 3.0.0 for cnn_dailymail"})

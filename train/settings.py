@@ -28,6 +28,9 @@ class TrainSettings:
 
     # Fields a resumed run may not change: they pick the model, the data or its order.
     RUN_IDENTITY: ClassVar[tuple[str, ...]] = ("preset", "init", "seed", "batch_size", "grad_accum")
+    # What a setting added later meant for runs saved before it existed: a resumed old run
+    # keeps doing what it did.
+    BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {}
 
     out: str = field(default="logs/run", metadata={"help": "run folder: events, metrics.jsonl, checkpoints/"})
     preset: str = field(default="seed", metadata={"help": "architecture preset: tiny, seed, minilm, base"})
@@ -131,6 +134,7 @@ def saved_settings(cls: type, run_dir: str) -> dict:
     unknown = sorted(set(data) - known)
     if unknown:
         log.warning("Ignoring unknown settings in %s: %s.", path, ", ".join(unknown))
+    data = {**getattr(cls, "BEFORE_IT_EXISTED", {}), **data}
     return {k: v for k, v in data.items() if k in known and k not in ("out", "resume")}
 
 
