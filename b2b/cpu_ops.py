@@ -6,8 +6,8 @@ the vocabulary projection with its cross-entropy (cpu_vocab_loss.c) and one Adam
 
 Being MLX primitives, they run inside MLX's graph like any op: under `mx.compile` and
 `value_and_grad`, so training uses them as well as inference. The model's four (attention,
-LayerNorm, GELU, dropout) also take `mx.vmap`, and GELU and dropout `mx.jvp`; attention's and
-LayerNorm's forward-mode derivatives are not written (MLX then says "not implemented").
+LayerNorm, GELU, dropout) also take `mx.vmap` and `mx.jvp` (attention's and LayerNorm's
+forward mode in MLX ops, not a kernel: it is rare).
 `attention(q, k, v, mask)` (scaled q) returns None where it does not apply, and `fastmath` then computes the same thing
 with MLX ops. It applies on the CPU device (a GPU has MLX's own fast kernels) to float32, a
 head size that is a multiple of 16 and a key-padding mask, "causal" or no mask; off with

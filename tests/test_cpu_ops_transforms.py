@@ -1,5 +1,6 @@
 """b2b's CPU primitives under mx.vmap and mx.jvp (MLX's own ops are the reference): a model
-vmapped over a batch of inputs gives each input's own output, with the kernels in use."""
+vmapped over a batch of inputs gives each input's own output, and forward-mode derivatives
+match MLX's own, with the kernels in use."""
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -24,20 +25,29 @@ def _mlx_layer_norm(x, w, b, eps=1e-12):
     return (x - mean) * mx.rsqrt(x.var(-1, keepdims=True) + eps) * w + b
 
 
+def _count_kernel_outputs(monkeypatch) -> dict[str, int]:
+    """How many times each of the model's kernels computed something (not None: applied)."""
+    calls = dict.fromkeys(("attention", "layer_norm", "gelu"), 0)
+    for name in calls:
+        def counted(*args, real=getattr(cpu_ops, name), name=name):
+            out = real(*args)
+            calls[name] += out is not None
+            return out
+        monkeypatch.setattr(cpu_ops, name, counted)
+    return calls
+
+
 def test_a_vmapped_model_gives_each_input_its_own_output(monkeypatch):
     mx.random.seed(0)
-    model = Bert2Bert(B2BConfig.preset("tiny", dropout=0.0))
+    model = Bert2Bert(B2BConfig.preset("tiny", num_heads=2, dropout=0.0))  # head size 16, as the attention kernel needs
     model.eval()
     rng = np.random.default_rng(0)
     src = mx.array(rng.integers(5, 120, size=(3, 2, 32)))
     src_mask = mx.array((np.arange(32)[None, None, :] < rng.integers(8, 33, size=(3, 2, 1))).astype(np.int32))
     tgt = mx.array(rng.integers(5, 120, size=(3, 2, 6)))
-    calls = {name: [] for name in ("attention", "layer_norm", "gelu")}
-    for name, seen in calls.items():
-        real = getattr(cpu_ops, name)
-        monkeypatch.setattr(cpu_ops, name, lambda *a, real=real, seen=seen: seen.append(1) or real(*a))
+    calls = _count_kernel_outputs(monkeypatch)
     mapped = mx.vmap(model)(src, src_mask, tgt)  # (3, 2, 6, V)
-    assert all(calls.values()), {k: len(v) for k, v in calls.items()}  # the kernels ran under vmap
+    assert all(calls.values()), calls  # the kernels ran under vmap
     for i in range(3):
         _close(mapped[i], model(src[i], src_mask[i], tgt[i]))
 
@@ -103,3 +113,89 @@ def test_gelu_and_dropout_jvp_match_their_derivatives():
     mx.random.seed(7)
     (y,), (dy,) = mx.jvp(lambda x: cpu_ops.dropout(x, 0.25), [x + 10], [t])
     _close(dy, mx.where(y != 0, t / 0.75, 0.0))  # the same mask and scale as the output
+
+
+def _mlx_attention(q, k, v, key_mask, causal):
+    """Plain softmax attention with MLX ops (mx.jvp differentiates it): the kernel's contract,
+    a row with no key to attend gives zeros."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    allowed = mx.ones((1, 1, Tq, Tk), dtype=mx.bool_)
+    if key_mask is not None:
+        allowed = allowed & key_mask
+    if causal:
+        allowed = allowed & (mx.arange(Tk)[None, :] <= mx.arange(Tk - Tq, Tk)[:, None])
+    s = mx.where(allowed, q @ k.swapaxes(-1, -2), -1e30)
+    p = mx.where(allowed, mx.softmax(s, axis=-1, precise=True), 0.0)
+    return p @ v
+
+
+@pytest.mark.parametrize("mask", ["keys", "causal", None])
+def test_attention_jvp_matches_mlx_ops(mask):
+    mx.random.seed(5)
+    B, H, Tq, Tk, D = 2, 3, 4, 6, 16
+    q, k, v = mx.random.normal((B, H, Tq, D)), mx.random.normal((B, H, Tk, D)), mx.random.normal((B, H, Tk, D))
+    tq, tk, tv = mx.random.normal(q.shape), mx.random.normal(k.shape), mx.random.normal(v.shape)
+    key_mask = mx.array(np.arange(Tk) < np.array([3, 6])[:, None])[:, None, None, :] if mask == "keys" else None
+    kernel_mask = key_mask if mask == "keys" else mask
+
+    def kernel(q, k, v):
+        out = cpu_ops.attention(q, k, v, kernel_mask)
+        assert out is not None  # the kernel, not the MLX fallback
+        return out
+
+    for tangents in ([tq, tk, tv], [tq, 0 * tk, 0 * tv], [0 * tq, 0 * tk, tv]):
+        (out,), (got,) = mx.jvp(kernel, [q, k, v], tangents)
+        (want_out,), (want,) = mx.jvp(lambda q, k, v: _mlx_attention(q, k, v, key_mask, mask == "causal"), [q, k, v],
+                                      tangents)
+        _close(out, want_out)
+        _close(got, want, 1e-4)
+    # Only some inputs carry a tangent: the others are constants, as mx.jvp over a closure has them.
+    (_,), (got,) = mx.jvp(lambda v: kernel(q, k, v), [v], [tv])
+    (_,), (want,) = mx.jvp(lambda v: _mlx_attention(q, k, v, key_mask, mask == "causal"), [v], [tv])
+    _close(got, want, 1e-4)
+
+
+def test_layer_norm_jvp_matches_mlx_ops():
+    mx.random.seed(6)
+    C = 24
+    x, w, b = mx.random.normal((3, 5, C)) * 2 + 1, mx.random.normal((C,)), mx.random.normal((C,))
+    tx, tw, tb = mx.random.normal(x.shape), mx.random.normal(w.shape), mx.random.normal(b.shape)
+    kernel = lambda x, w, b: cpu_ops.layer_norm(x, w, b, 1e-12)  # noqa: E731
+    for tangents in ([tx, tw, tb], [tx, 0 * tw, 0 * tb], [0 * tx, tw, 0 * tb]):
+        (y,), (got,) = mx.jvp(kernel, [x, w, b], tangents)
+        (want_y,), (want,) = mx.jvp(_mlx_layer_norm, [x, w, b], tangents)
+        _close(y, want_y, 1e-4)
+        _close(got, want, 1e-4)
+    (_,), (got,) = mx.jvp(lambda x: kernel(x, w, b), [x], [tx])
+    (_,), (want,) = mx.jvp(lambda x: _mlx_layer_norm(x, w, b), [x], [tx])
+    _close(got, want, 1e-4)
+
+
+def test_a_model_jvp_matches_mlx_ops(monkeypatch):
+    """Forward mode through the whole model (attention, LayerNorm, GELU kernels): the derivative
+    of the logits along a direction in the word embeddings, against the same with fast math off
+    (MLX's own ops)."""
+    mx.random.seed(8)
+    model = Bert2Bert(B2BConfig.preset("tiny", num_heads=2, dropout=0.0))  # head size 16, as the attention kernel needs
+    model.eval()
+    rng = np.random.default_rng(8)
+    src = mx.array(rng.integers(5, 120, size=(2, 32)))
+    src_mask = mx.array((np.arange(32)[None, :] < np.array([[20], [32]])).astype(np.int32))
+    tgt = mx.array(rng.integers(5, 120, size=(2, 6)))
+    table = model.encoder.embeddings.word.weight
+    direction = mx.random.normal(table.shape)
+    calls = _count_kernel_outputs(monkeypatch)
+
+    def logits(weight):
+        model.encoder.embeddings.word.update({"weight": weight})
+        return model(src, src_mask, tgt)
+
+    (_,), (got,) = mx.jvp(logits, [table], [direction])
+    assert all(calls.values()), calls  # the kernels ran
+    monkeypatch.setenv("B2B_FAST_MATH", "0")
+    monkeypatch.setenv("B2B_CPU_LAYERNORM", "0")
+    calls.update(dict.fromkeys(calls, 0))
+    (_,), (want,) = mx.jvp(logits, [table], [direction])
+    assert not any(calls.values()), calls  # and now did not
+    logits(table)
+    _close(got, want, 1e-3)

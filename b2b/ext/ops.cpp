@@ -230,6 +230,41 @@ class AttentionForward : public AttentionPrimitive {
     return {outs, {0, 0}};
   }
 
+  // Forward mode, with MLX ops on the (Tq, Tk) probabilities P recomputed from the kernel's
+  // log-normaliser (rare enough to not need a kernel): dS = tq k^T + q tk^T,
+  // d_out = (P * (dS - rowsum(P dS))) v + P tv, d_lse = rowsum(P dS). The mask has none.
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    auto s = stream();
+    const auto &q = primals[0], &k = primals[1], &v = primals[2];
+    auto fwd = attention_outputs(primals, causal_);
+    int Tq = q.shape(2), Tk = k.shape(2);
+    auto scores = mx::matmul(q, mx::swapaxes(k, -1, -2, s), s);  // (B, H, Tq, Tk)
+    auto allowed = mx::full(scores.shape(), true, s);
+    if (primals.size() > 3)  // (B or 1, Tk) -> (B or 1, 1, 1, Tk)
+      allowed = mx::logical_and(
+          allowed, mx::astype(mx::reshape(primals[3], {primals[3].shape(0), 1, 1, Tk}, s), mx::bool_, s), s);
+    if (causal_) {  // query i sees keys j <= i + Tk - Tq
+      auto i = mx::reshape(mx::arange(Tk - Tq, Tk, s), {Tq, 1}, s);
+      allowed = mx::logical_and(allowed, mx::less_equal(mx::reshape(mx::arange(Tk, s), {1, Tk}, s), i, s), s);
+    }
+    auto p = mx::where(allowed, mx::exp(mx::subtract(scores, fwd[1], s), s), mx::array(0.f), s);
+    std::optional<mx::array> d_scores, d_out;
+    auto add = [&](std::optional<mx::array>& sum, const mx::array& term) { sum = sum ? mx::add(*sum, term, s) : term; };
+    for (size_t i = 0; i < argnums.size(); i++) {
+      const auto& t = tangents[i];
+      if (argnums[i] == 0) add(d_scores, mx::matmul(t, mx::swapaxes(k, -1, -2, s), s));
+      if (argnums[i] == 1) add(d_scores, mx::matmul(q, mx::swapaxes(t, -1, -2, s), s));
+      if (argnums[i] == 2) add(d_out, mx::matmul(p, t, s));
+    }
+    auto d_lse = mx::zeros_like(fwd[1], s);
+    if (d_scores) {
+      d_lse = mx::sum(mx::multiply(p, *d_scores, s), -1, true, s);
+      add(d_out, mx::matmul(mx::multiply(p, mx::subtract(*d_scores, d_lse, s), s), v, s));
+    }
+    return {d_out ? *d_out : mx::zeros_like(fwd[0], s), d_lse};
+  }
+
   const char* name() const override { return "B2BAttention"; }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override {
     auto lse = in[0].shape();
@@ -422,6 +457,30 @@ class LayerNormForward : public NormPrimitive {
     auto y = mx::multiply(mx::subtract(x, mx::expand_dims(mean, -1, s), s), mx::expand_dims(rstd, -1, s), s);
     y = mx::add(mx::multiply(y, per_example(in[1], axes[1]), s), per_example(in[2], axes[2]), s);
     return {{y, mean, rstd}, {0, 0, 0}};
+  }
+
+  // Forward mode with MLX ops, x^ = (x - mean) rstd: d_x^ = rstd (tx - mean(tx) - x^ mean(x^ tx)),
+  // d_y = d_x^ w + x^ tw + tb, d_mean = mean(tx), d_rstd = -rstd^2 mean(x^ tx).
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals, const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    auto s = stream();
+    auto fwd = layer_norm_outputs(primals[0], primals[1], primals[2], eps());
+    auto mean = mx::expand_dims(fwd[1], -1, s), rstd = mx::expand_dims(fwd[2], -1, s);
+    auto xhat = mx::multiply(mx::subtract(primals[0], mean, s), rstd, s);
+    auto d_y = mx::zeros_like(fwd[0], s), d_mean = mx::zeros_like(fwd[1], s), d_rstd = mx::zeros_like(fwd[2], s);
+    for (size_t i = 0; i < argnums.size(); i++) {
+      const auto& t = tangents[i];
+      if (argnums[i] == 0) {
+        auto t_mean = mx::mean(t, -1, true, s), xt_mean = mx::mean(mx::multiply(xhat, t, s), -1, true, s);
+        auto d_xhat = mx::multiply(rstd, mx::subtract(mx::subtract(t, t_mean, s), mx::multiply(xhat, xt_mean, s), s), s);
+        d_y = mx::add(d_y, mx::multiply(d_xhat, primals[1], s), s);
+        d_mean = mx::squeeze(t_mean, -1, s);
+        d_rstd = mx::squeeze(mx::negative(mx::multiply(mx::square(rstd, s), xt_mean, s), s), -1, s);
+      }
+      if (argnums[i] == 1) d_y = mx::add(d_y, mx::multiply(xhat, t, s), s);
+      if (argnums[i] == 2) d_y = mx::add(d_y, t, s);
+    }
+    return {d_y, d_mean, d_rstd};
   }
 
   const char* name() const override { return "B2BLayerNorm"; }
