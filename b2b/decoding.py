@@ -24,9 +24,10 @@ class DecodingConfig:
     num_beams: int = 1
     length_penalty: float = 1.0  # beam scores are divided by length ** length_penalty
     no_repeat_ngram_size: int = 3  # summaries that repeat a trigram read badly; 0 turns it off
-    # A word or phrase may not follow itself, directly or across a comma or "and" ("texas, texas",
-    # "new york and new york", "city beach city beach"): small summarizers stutter so ("more and
-    # more" is lost with them). Needs the tokenizer's word pieces (summarize() has them).
+    # A word or phrase may not follow itself, directly or across one of JOINERS ("texas, texas",
+    # "new york and new york", "the video of the video", "city beach city beach"): small
+    # summarizers stutter so ("more and more" is lost with them). Needs the tokenizer's word
+    # pieces (summarize() has them).
     no_repeat_word: bool = True
     repetition_penalty: float = 1.0  # transformers' (CTRL's): > 1 makes tokens already written less likely; 1: off
     early_stopping: bool = True  # beam: stop once num_beams hypotheses have finished
@@ -73,19 +74,26 @@ class DecodingConfig:
         return "sample" if self.do_sample and self.temperature > 0 else "greedy"
 
 
+# Words a phrase may not follow itself across (`no_repeat_word`): the ones small summarizers
+# stutter over. Not "to", "by", "for" or "after", which real phrases repeat across ("face to
+# face", "side by side", "word for word", "day after day").
+JOINERS = (",", "and", "or", "of")
+
+
 @dataclass(frozen=True)
 class WordPieces:
     """What decoding must know of the vocabulary to apply `no_repeat_word` (token ids alone do
     not say where words start). Built from a Tokenizer by `summarize`."""
 
     continues: np.ndarray  # (V,) bool: the piece continues the word before it (WordPiece "##ing")
-    joiners: frozenset[int]  # a phrase may not follow itself across one of these either ("," "and")
+    joiners: frozenset[int]  # a phrase may not follow itself across one of these either (JOINERS' ids)
     span: int = 4  # the longest phrase checked, in words
 
     def stutters(self, history: list[int]) -> list[int]:
         """First pieces of the words that would complete a phrase following itself: directly
         ("texas texas", "city beach city beach") or across the last joiner ("texas, texas",
-        "march 7, march 7", "new york and new york"). Phrases of up to `span` words."""
+        "march 7, march 7", "new york and new york", "the sale of the sale"). Phrases of up to
+        `span` words."""
         words = self._last_words(history, 2 * self.span)
         n = len(words)
         banned = []

@@ -256,6 +256,21 @@ def test_word_pieces_find_the_phrase_that_would_stutter(tokenizer):
     assert first("7") not in words.stutters(ids("on march 7 , then march"))
 
 
+def test_summarize_bans_the_phrases_small_models_repeat_across_of_and_or(tokenizer):
+    from b2b.decoding import JOINERS, WordPieces
+
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    first = lambda word: ids(word)[0]  # noqa: E731
+    words = WordPieces(tokenizer.continues_word, frozenset(map(tokenizer.token_id, JOINERS)))
+    assert first("video") in words.stutters(ids("he saw the video of the"))  # "the video of the video"
+    assert first("causes") in words.stutters(ids("from natural causes of natural"))
+    assert first("legal") in words.stutters(ids("it is legal or"))  # "legal or legal"
+    assert first("illegal") not in words.stutters(ids("it is legal or"))
+    # Idioms repeat across the others: "face to face", "side by side" stay possible.
+    assert first("face") not in words.stutters(ids("they met face to"))
+    assert first("side") not in words.stutters(ids("they stood side by"))
+
+
 def test_no_repeat_word_stops_a_word_following_itself(tiny_model, tokenizer):
     from b2b.decoding import WordPieces
 
