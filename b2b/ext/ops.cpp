@@ -240,7 +240,7 @@ class AttentionForward : public AttentionPrimitive {
     auto fwd = attention_outputs(primals, causal_);
     int Tq = q.shape(2), Tk = k.shape(2);
     auto scores = mx::matmul(q, mx::swapaxes(k, -1, -2, s), s);  // (B, H, Tq, Tk)
-    auto allowed = mx::full(scores.shape(), true, s);
+    auto allowed = mx::array(true);  // broadcast against the masks below
     if (primals.size() > 3)  // (B or 1, Tk) -> (B or 1, 1, 1, Tk)
       allowed = mx::logical_and(
           allowed, mx::astype(mx::reshape(primals[3], {primals[3].shape(0), 1, 1, Tk}, s), mx::bool_, s), s);
