@@ -83,11 +83,16 @@ JOINERS = (",", "and", "or", "of")
 @dataclass(frozen=True)
 class WordPieces:
     """What decoding must know of the vocabulary to apply `no_repeat_word` (token ids alone do
-    not say where words start). Built from a Tokenizer by `summarize`."""
+    not say where words start). Built from a Tokenizer with `of` (as `summarize` does)."""
 
     continues: np.ndarray  # (V,) bool: the piece continues the word before it (WordPiece "##ing")
     joiners: frozenset[int]  # a phrase may not follow itself across one of these either (JOINERS' ids)
     span: int = 4  # the longest phrase checked, in words
+
+    @classmethod
+    def of(cls, tokenizer) -> "WordPieces":
+        """From a b2b Tokenizer: its word-continuing pieces and the ids of JOINERS it has."""
+        return cls(tokenizer.continues_word, frozenset(i for i in map(tokenizer.token_id, JOINERS) if i is not None))
 
     def stutters(self, history: list[int]) -> list[int]:
         """First pieces of the words that would complete a phrase following itself: directly

@@ -10,7 +10,7 @@ from typing import Iterator
 import mlx.core as mx
 import numpy as np
 
-from .decoding import JOINERS, DecodingConfig, WordPieces
+from .decoding import DecodingConfig, WordPieces
 from .generate import Hypothesis, Step, decode_stream, eval_mode
 from .model import Bert2Bert, Intermediates
 from .tokenizer import BatchEncoding, Tokenizer
@@ -128,8 +128,7 @@ def _start(
     batch = tokenizer.batch_encode(texts, max_length=limit)
     counts = batch.num_tokens  # one tokenization per text
     src_ids = mx.array(batch.ids)
-    joiners = frozenset(i for i in map(tokenizer.token_id, JOINERS) if i is not None)
-    words = WordPieces(tokenizer.continues_word, joiners)
+    words = WordPieces.of(tokenizer)
     steps = decode_stream(model, src_ids, mx.array(batch.attention_mask), cfg, words)  # checks cfg against the model
     # Uncased models lose names' capitals; the sources give them back.
     tables = [casing_table(t) for t in texts] if tokenizer.lowercase else None

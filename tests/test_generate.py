@@ -257,11 +257,11 @@ def test_word_pieces_find_the_phrase_that_would_stutter(tokenizer):
 
 
 def test_summarize_bans_the_phrases_small_models_repeat_across_of_and_or(tokenizer):
-    from b2b.decoding import JOINERS, WordPieces
+    from b2b.decoding import WordPieces
 
     ids = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     first = lambda word: ids(word)[0]  # noqa: E731
-    words = WordPieces(tokenizer.continues_word, frozenset(map(tokenizer.token_id, JOINERS)))
+    words = WordPieces.of(tokenizer)  # as summarize() builds it
     assert first("video") in words.stutters(ids("he saw the video of the"))  # "the video of the video"
     assert first("causes") in words.stutters(ids("from natural causes of natural"))
     assert first("legal") in words.stutters(ids("it is legal or"))  # "legal or legal"
