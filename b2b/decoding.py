@@ -3,6 +3,7 @@ sentence naming it before any token is decoded."""
 from __future__ import annotations
 
 import math
+import string
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -25,7 +26,8 @@ class DecodingConfig:
     length_penalty: float = 1.0  # beam scores are divided by length ** length_penalty
     no_repeat_ngram_size: int = 3  # summaries that repeat a trigram read badly; 0 turns it off
     # A word or phrase may not follow itself, directly or across one of JOINERS ("texas, texas",
-    # "new york and new york", "the video of the video", "city beach city beach"): small
+    # "new york and new york", "the video of the video", "city beach city beach"), and a pair of
+    # content words may not come twice in one sentence ("police say ... police say"): small
     # summarizers stutter so ("more and more" is lost with them). Needs the tokenizer's word
     # pieces (summarize() has them).
     no_repeat_word: bool = True
@@ -79,6 +81,20 @@ class DecodingConfig:
 # face", "side by side", "word for word", "day after day").
 JOINERS = (",", "and", "or", "of")
 
+# Words a repeated pair may hold (`no_repeat_word` bans a pair of other words coming twice in
+# one sentence: "police say ... police say", "ted cruz ... ted cruz"): "the president ... the
+# president" and "in the ... in the" are how sentences are built. Punctuation counts with them.
+FUNCTION_WORDS = tuple(
+    "a an the this that these those some any each every no not all both either neither "
+    "of to in on at by for with from into onto over under about after before since until "
+    "through during against between among within without near off out up down as than "
+    "and or but nor so yet if because while when where which who whom whose what how why "
+    "i me my we us our you your he him his she her it its they them their there here "
+    "is are was were be been being am has have had having do does did will would shall "
+    "should can could may might must s t d ll re ve m also just only very more most".split()
+)
+SENTENCE_ENDS = (".", "!", "?")
+
 
 @dataclass(frozen=True)
 class WordPieces:
@@ -88,11 +104,37 @@ class WordPieces:
     continues: np.ndarray  # (V,) bool: the piece continues the word before it (WordPiece "##ing")
     joiners: frozenset[int]  # a phrase may not follow itself across one of these either (JOINERS' ids)
     span: int = 4  # the longest phrase checked, in words
+    fillers: frozenset[int] = frozenset()  # FUNCTION_WORDS' and punctuation's ids: a repeated pair may hold them
+    sentence_ends: frozenset[int] = frozenset()  # SENTENCE_ENDS' ids: pairs repeat freely across them
 
     @classmethod
     def of(cls, tokenizer) -> "WordPieces":
-        """From a b2b Tokenizer: its word-continuing pieces and the ids of JOINERS it has."""
-        return cls(tokenizer.continues_word, frozenset(i for i in map(tokenizer.token_id, JOINERS) if i is not None))
+        """From a b2b Tokenizer: its word-continuing pieces and the ids it has of JOINERS,
+        FUNCTION_WORDS, punctuation and SENTENCE_ENDS."""
+        def ids(words) -> frozenset[int]:
+            return frozenset(i for i in map(tokenizer.token_id, words) if i is not None)
+
+        fillers = ids(FUNCTION_WORDS) | ids(string.punctuation)
+        return cls(tokenizer.continues_word, ids(JOINERS), fillers=fillers, sentence_ends=ids(SENTENCE_ENDS))
+
+    def banned(self, history: list[int]) -> list[int]:
+        """What `no_repeat_word` bans after `history`: `stutters` and `repeats`."""
+        return self.stutters(history) + self.repeats(history)
+
+    def repeats(self, history: list[int]) -> list[int]:
+        """First pieces of the words that would make a pair of content words (neither one of
+        `fillers`) come twice in the sentence being written ("police say ... police say")."""
+        words = self._last_words(history, len(history))
+        ends = [i for i, word in enumerate(words) if len(word) == 1 and word[0] in self.sentence_ends]
+        words = words[ends[-1] + 1 :] if ends else words
+        if not words or self._filler(words[-1]):
+            return []
+        last = words[-1]  # pairs it began before: their second word would repeat them
+        return [words[i + 1][0] for i in range(len(words) - 2) if words[i] == last and not self._filler(words[i + 1])]
+
+    def _filler(self, word: tuple[int, ...]) -> bool:
+        """A one-piece function word or punctuation mark."""
+        return len(word) == 1 and word[0] in self.fillers
 
     def stutters(self, history: list[int]) -> list[int]:
         """First pieces of the words that would complete a phrase following itself: directly

@@ -68,11 +68,11 @@ def _apply_constraints(
     read there anyway."""
     if cfg.repetition_penalty != 1.0:
         logits = _penalize_repeats(logits, histories, cfg.repetition_penalty, start_id)
-    stutters = cfg.no_repeat_word and words is not None
+    word_bans = cfg.no_repeat_word and words is not None
     for r, hist in enumerate(histories):
         banned = _banned_ngrams(hist, cfg.no_repeat_ngram_size)
-        if stutters:
-            banned += words.stutters(hist)
+        if word_bans:
+            banned += words.banned(hist)
         if len(hist) < cfg.min_length:
             banned.append(eos_id)
         if banned:

@@ -63,7 +63,8 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             stutter = gr.Checkbox(
                 value=d["no_repeat_word"], label="Block word stutter",
                 info='A word or short phrase may not follow itself, directly or after ",", "and", "or" '
-                'or "of" ("texas, texas", "new york and new york", "the video of the video").',
+                'or "of" ("texas, texas", "new york and new york", "the video of the video"), nor a pair '
+                'of content words come twice in a sentence ("police say ... police say").',
             )
         with gr.Row():
             # No minimum/maximum on these: gradio would refuse an out-of-range value with a vague

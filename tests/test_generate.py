@@ -271,6 +271,28 @@ def test_summarize_bans_the_phrases_small_models_repeat_across_of_and_or(tokeniz
     assert first("side") not in words.stutters(ids("they stood side by"))
 
 
+def test_word_pieces_ban_a_pair_of_content_words_coming_twice_in_a_sentence(tokenizer):
+    from b2b.decoding import WordPieces
+
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    first = lambda word: ids(word)[0]  # noqa: E731
+    words = WordPieces.of(tokenizer)  # as summarize() builds it
+    assert words.repeats(ids("police say the man was police")) == [first("say")]
+    assert words.repeats(ids("ted cruz says he will meet ted")) == [first("cruz")]
+    assert first("cruz") in words.banned(ids("ted cruz says he will meet ted"))
+    # Names of several pieces: "gorbachev said ... gorbachev" may not go on with "said".
+    assert words.repeats(ids("gorbachev said it was gorbachev")) == [first("said")]
+    assert words.repeats(ids("gorbachev said it was gorb")) == []  # "gorb" is not "gorbachev"
+    # Pairs with a function word or punctuation are how sentences are built: allowed.
+    assert words.repeats(ids("the president met the")) == []  # "the president"
+    assert words.repeats(ids("police in the city and police")) == []  # "police in"
+    assert words.repeats(ids("police , then police")) == []  # "police ,"
+    # Only within the sentence being written: a new sentence may name the pair again.
+    assert words.repeats(ids("police say it . police")) == []
+    assert words.repeats(ids("he left . police say it was police")) == [first("say")]
+    assert words.repeats([]) == []
+
+
 def test_no_repeat_word_stops_a_word_following_itself(tiny_model, tokenizer):
     from b2b.decoding import WordPieces
 
