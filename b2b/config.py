@@ -35,6 +35,7 @@ class B2BConfig:
     mask_id: int = 103
     share_encoder_decoder: bool = False  # BERTShare: decoder reuses encoder weights, own cross-attn
     tie_embeddings: bool = True  # LM heads project with the word-embedding matrix
+    pointer_generator: bool = False  # copy source tokens (See et al. 2017): b2b/pointer.py
 
     def __post_init__(self) -> None:
         if problem := type_problem(self):

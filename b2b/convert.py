@@ -211,6 +211,8 @@ def to_hf_encoder_decoder(model: Bert2Bert) -> dict[str, np.ndarray]:
     cfg = model.config
     if cfg.share_encoder_decoder:
         raise ConversionError("Export of BERTShare models is not supported; save it as a b2b checkpoint.")
+    if cfg.pointer_generator:
+        raise ConversionError("transformers' EncoderDecoderModel has no pointer-generator; save it as a b2b checkpoint.")
     inv_layer = {v: k for k, v in _LAYER.items()}
     inv_emb = {v: k for k, v in _EMB.items()}
     inv_head = {v: k for k, v in _HEAD.items()}

@@ -261,14 +261,16 @@ static void log_softmax_rows(float *y, int R, int V) {
     }
 }
 
-/* Logits (or log-probabilities) out (R, V) for tokens (R,) at `position`, writing this step's
+/* Logits (or log-probabilities) out (R, V) for tokens (R,) at `position` (and, when `hidden` is
+ * not NULL, the decoder's final states (R, C) there: a pointer-generator reads them), writing this step's
  * self-attention keys/values into keys[l] / values[l] (R, H, capacity, D) at `position`.
  * cross_kt[l]: (B, H, D, S) (keys transposed), cross_v[l]: (B, H, S, D); src_mask (B, S) bytes (1 = real) or NULL. PH: NULL, or
  * float16 copies laid out as P (NULL entries: read the float32 matrix).
  * Returns 0, or -1 for a bad position or rows, -2 when memory runs out. */
 int b2b_decode_step(const int *dims, float eps, const float *const *P, const hf *const *PH, int R, int B, const int *tokens, int position,
                     float *const *keys, float *const *values, const float *const *cross_kt,
-                    const float *const *cross_v, int S, const unsigned char *src_mask, int log_probs, float *out) {
+                    const float *const *cross_v, int S, const unsigned char *src_mask, int log_probs, float *out,
+                    float *hidden) {
     const int C = dims[DIM_C], H = dims[DIM_H], D = dims[DIM_D], F = dims[DIM_F], V = dims[DIM_V];
     const int L = dims[DIM_L], cap = dims[DIM_CAP];
     if (position < 0 || position >= cap || B < 1 || R < B || R % B) return -1;
@@ -333,6 +335,7 @@ int b2b_decode_step(const int *dims, float eps, const float *const *P, const hf 
         layer_norm(x, R, C, W[N3_G], W[N3_B], eps);
     }
 
+    if (hidden) memcpy(hidden, x, sizeof(float) * R * C);
     /* LM head: Linear, GELU, LayerNorm, then the tied vocabulary matrix plus its bias. */
     linear(x, R, C, C, P[TRANSFORM_W], PH ? PH[TRANSFORM_W] : NULL, P[TRANSFORM_B], h, 1);
     layer_norm(h, R, C, P[HEAD_G], P[HEAD_B], eps);

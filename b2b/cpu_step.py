@@ -44,7 +44,7 @@ def _library() -> ctypes.CDLL | None:
         halves = ctypes.POINTER(ctypes.c_void_p)
         lib.b2b_decode_step.argtypes = [ints, ctypes.c_float, ptrs, halves, ctypes.c_int, ctypes.c_int, ints, ctypes.c_int,
                                         ptrs, ptrs, ptrs, ptrs, ctypes.c_int, ctypes.POINTER(ctypes.c_ubyte),
-                                        ctypes.c_int, _F32P]
+                                        ctypes.c_int, _F32P, _F32P]
         lib.b2b_decode_step.restype = ctypes.c_int
         lib.b2b_reorder.argtypes = [ints, ctypes.c_int, ints, ctypes.c_int, ptrs, ptrs]
         lib.b2b_reorder.restype = ctypes.c_int
@@ -152,7 +152,7 @@ class CpuStepper:
         self.lib = _library()
         self.log_probs = log_probs
         B, _, S, _ = cross[0][0].shape
-        self.B, self.R, self.S, self.V = B, B * beams, S, c.vocab_size
+        self.B, self.R, self.S, self.V, self.C = B, B * beams, S, c.vocab_size, c.hidden_size
         # Views of MLX memory: the MLX arrays are held too, so the memory stays alive.
         self._held = (_weights(model), cross)
         self._arrays = [_as_f32(a) for a in self._held[0]]
@@ -178,9 +178,11 @@ class CpuStepper:
         self.eps = c.layer_norm_eps
         self.position = 0
 
-    def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> np.ndarray:
+    def __call__(self, tokens: mx.array, reorder: mx.array | None = None,
+                 states: np.ndarray | None = None) -> np.ndarray:
         """Logits or log-probabilities (R, V), a fresh float32 array, for the newest tokens
-        (R, 1); `reorder` first keeps cache rows `reorder` (beam search)."""
+        (R, 1); `reorder` first keeps cache rows `reorder` (beam search). `states`, a
+        C-contiguous float32 (R, C) array, receives the decoder's final states."""
         if reorder is not None:
             rows = np.ascontiguousarray(np.asarray(reorder), dtype=np.int32).reshape(-1)
             if rows.shape[0] != self.R:
@@ -191,12 +193,15 @@ class CpuStepper:
         ids = np.ascontiguousarray(np.asarray(tokens).reshape(-1), dtype=np.int32)
         if ids.shape[0] != self.R or ids.min() < 0 or ids.max() >= self.V:
             raise ValueError(f"Expected {self.R} token ids in [0, {self.V}), got {ids.tolist()}.")
+        if states is not None and (states.shape != (self.R, self.C) or states.dtype != np.float32
+                                   or not states.flags.c_contiguous):
+            raise ValueError(f"states must be a C-contiguous float32 ({self.R}, {self.C}) array.")
         out = np.empty((self.R, self.V), np.float32)
         mask = self.mask.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)) if self.mask is not None else None
         ok = self.lib.b2b_decode_step(
             self.dims, self.eps, self._table, self._half_table, self.R, self.B,
             ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), self.position, self._k, self._v, self._ck, self._cv, self.S, mask, int(self.log_probs),
-            out.ctypes.data_as(_F32P))
+            out.ctypes.data_as(_F32P), states.ctypes.data_as(_F32P) if states is not None else None)
         self._check(ok)
         self.position += 1
         return out

@@ -16,6 +16,7 @@ from . import cpu_step, fastmath
 from .cache import DecoderCache, StaticLayerCache, StepPosition
 from .decoding import DecodingConfig, DecodingError, WordPieces
 from .model import Bert2Bert
+from .pointer import CopyMixer
 
 _OUTPUT_T = "_b2b_output_t"  # model attribute: (output matrix, its (C, V) copy) for decoding
 
@@ -103,10 +104,17 @@ class _Stepper:
     kernels); otherwise a compiled MLX step over fixed-size self-attention buffers: one trace
     per (rows, source length, capacity) serves every position, so a token costs a few fused
     kernels instead of hundreds of separately dispatched ops. In training mode the growing
-    `DecoderCache`."""
+    `DecoderCache`. A model with a pointer returns log-probabilities of the mixture (`CopyMixer`
+    on the host, from the step's final decoder states), whatever `log_probs` says."""
 
     def __init__(self, model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, max_steps: int,
-                 beams: int = 1, log_probs: bool = False):
+                 beams: int = 1, log_probs: bool = False, src_ids: mx.array | None = None):
+        self.copy = None
+        if "pointer" in model:
+            if src_ids is None:
+                raise ValueError("A model with a pointer needs the source ids to decode.")
+            self.copy = CopyMixer(model, memory, src_ids, beams)
+            log_probs = True  # the mixture is a distribution: its logits are its log-probabilities
         self.model, self.log_probs = model, log_probs
         # Cross-attention K/V projected once per input and shared by its beams (rows b*beams + k):
         # `Attention` groups a step's rows by input when there are more rows than inputs.
@@ -135,31 +143,40 @@ class _Stepper:
     def __call__(self, tokens: mx.array, reorder: mx.array | None = None) -> np.ndarray:
         """Logits (or log-probabilities) (R, V), float32, a fresh host array, for the newest
         tokens (R, 1); `reorder` first keeps cache rows `reorder` (beam search)."""
+        out, states = self._step(tokens, reorder)
+        return self.copy(out, states) if self.copy is not None else out
+
+    def _step(self, tokens: mx.array, reorder: mx.array | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """The vocabulary's logits or log-probabilities (R, V), and the final decoder states
+        (R, C) when a pointer reads them."""
         if self.in_c is not None:
-            return self.in_c(tokens, reorder)
+            states = np.empty((tokens.shape[0], self.model.config.hidden_size), np.float32) if self.copy else None
+            return self.in_c(tokens, reorder, states), states
         if not self.compiled:
             if reorder is not None:
                 self.cache.reorder(reorder)
-            out = self.model.decode_step(tokens, self.cache).astype(mx.float32)
-            return np.array(fastmath.log_softmax(out) if self.log_probs else out)
+            out, h = self.model.decode_step_states(tokens, self.cache)
+            out = out.astype(mx.float32)
+            out = np.array(fastmath.log_softmax(out) if self.log_probs else out)
+            return out, np.array(h.astype(mx.float32)) if self.copy else None
         step = _compiled_step(self.model, reorder is not None, self.log_probs)
         extra = [reorder] if reorder is not None else []
-        out, self.keys, self.values = step(tokens, mx.array(self.position, mx.int32), self.keys, self.values,
-                                           self.cross, self.cross_mask, self.table_t, *extra)
+        out, h, self.keys, self.values = step(tokens, mx.array(self.position, mx.int32), self.keys, self.values,
+                                              self.cross, self.cross_mask, self.table_t, *extra)
         self.position += 1
-        return np.array(out)
+        return np.array(out), np.array(h.astype(mx.float32)) if self.copy else None
 
 
 def _compiles(model: Bert2Bert) -> bool:
     return os.environ.get("B2B_COMPILE_DECODE", "1") != "0" and not model.training
 
 
-def _encode(model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None) -> tuple[mx.array, mx.array | None]:
-    """Encoder states (B, S', C) and the mask that goes with them. Compiled (one fused graph)
+def _encode(model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None) -> tuple[mx.array, mx.array | None, mx.array]:
+    """Encoder states (B, S', C) and the mask and ids that go with them. Compiled (one fused graph)
     when decoding compiles; the source is then padded to a multiple of 64 (masked, so the
     result is the same) so that a few traces serve every length."""
     if not _compiles(model):
-        return model.encode(src_ids, src_mask), src_mask
+        return model.encode(src_ids, src_mask), src_mask, src_ids
     B, S = src_ids.shape
     if src_mask is None:
         src_mask = mx.ones((B, S), dtype=mx.int32)
@@ -172,7 +189,7 @@ def _encode(model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None) -> t
     key = ("encode", fastmath.enabled())
     if key not in steps:
         steps[key] = mx.compile(lambda ids, mask: model.encode(ids, mask), inputs=model.state)
-    return steps[key](src_ids, src_mask), src_mask
+    return steps[key](src_ids, src_mask), src_mask, src_ids
 
 
 def _compiled_step(model: Bert2Bert, reorder: bool, log_probs: bool):
@@ -187,10 +204,11 @@ def _compiled_step(model: Bert2Bert, reorder: bool, log_probs: bool):
                 keys, values = [k[rows[0]] for k in keys], [v[rows[0]] for v in values]
             at = StepPosition(position, keys[0].shape[2])
             layers = [StaticLayerCache(kv, k, v, at) for kv, k, v in zip(cross, keys, values)]
-            out = model.decode_step(tokens, DecoderCache(layers, cross_mask), table_t).astype(mx.float32)  # (R, V)
+            out, h = model.decode_step_states(tokens, DecoderCache(layers, cross_mask), table_t)  # (R, V), (R, C)
+            out = out.astype(mx.float32)
             if log_probs:
                 out = fastmath.log_softmax(out)
-            return out, [layer.keys for layer in layers], [layer.values for layer in layers]
+            return out, h, [layer.keys for layer in layers], [layer.values for layer in layers]
 
         steps[key] = mx.compile(step, inputs=model.state)
     return steps[key]
@@ -211,12 +229,14 @@ def _output_matrix_t(model: Bert2Bert) -> mx.array:
 
 
 def greedy_or_sample(
-    model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None = None
+    model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None = None,
+    src_ids: mx.array | None = None,
 ) -> Iterator[Step | list[Hypothesis]]:
-    """Greedy or sampled decoding for a batch; yields a Step per token, then the hypotheses."""
+    """Greedy or sampled decoding for a batch; yields a Step per token, then the hypotheses.
+    `src_ids` (B, S), the ids `memory` encodes, are needed by a model with a pointer."""
     c = model.config
     B = memory.shape[0]
-    decode = _Stepper(model, memory, src_mask, cfg.max_length)
+    decode = _Stepper(model, memory, src_mask, cfg.max_length, src_ids=src_ids)
     key = mx.random.key(cfg.seed if cfg.seed is not None else int(np.random.randint(2**31)))
     histories: list[list[int]] = [[] for _ in range(B)]
     reasons: list[str | None] = [None] * B
@@ -242,14 +262,16 @@ def greedy_or_sample(
 
 
 def beam_search(
-    model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None = None
+    model: Bert2Bert, memory: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None = None,
+    src_ids: mx.array | None = None,
 ) -> Iterator[Step | list[Hypothesis]]:
     """Beam search batched over inputs x beams (rows b*K + k); yields the best running beam per
-    input each step, then the best finished hypothesis per input."""
+    input each step, then the best finished hypothesis per input. `src_ids` as for
+    `greedy_or_sample`."""
     c = model.config
     B, K = memory.shape[0], cfg.num_beams
     # (B*K, ...) rows; the beams of an input share its cross-attention K/V, projected once.
-    decode = _Stepper(model, memory, src_mask, cfg.max_length, beams=K, log_probs=True)
+    decode = _Stepper(model, memory, src_mask, cfg.max_length, beams=K, log_probs=True, src_ids=src_ids)
     reorder = None
     scores = np.full((B, K), -np.inf, dtype=np.float64)
     scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 1
@@ -356,9 +378,9 @@ def _decode(
     model: Bert2Bert, src_ids: mx.array, src_mask: mx.array | None, cfg: DecodingConfig, words: WordPieces | None
 ) -> Iterator[Step | list[Hypothesis]]:
     with eval_mode(model):
-        memory, src_mask = _encode(model, src_ids, src_mask)
+        memory, src_mask, src_ids = _encode(model, src_ids, src_mask)
         search = beam_search if cfg.strategy == "beam" else greedy_or_sample
-        yield from search(model, memory, src_mask, cfg, words)
+        yield from search(model, memory, src_mask, cfg, words, src_ids)
 
 
 def generate(

@@ -12,6 +12,7 @@ from . import fastmath
 from .cache import DecoderCache, LayerCache
 from .config import B2BConfig
 from .layers import DecoderLayer, Embeddings, EncoderLayer, LayerNorm, Linear
+from .pointer import PointerGenerator, copyable, mix_log_probs
 
 
 @dataclass
@@ -118,7 +119,17 @@ class Bert2Bert(nn.Module):
         self.config = cfg
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg, self.encoder)
+        if cfg.pointer_generator:
+            self.pointer = PointerGenerator(cfg)
         self.apply_to_modules(_init_bert)
+        self.warm_start_pointer()
+
+    def warm_start_pointer(self) -> None:
+        """Start the pointer from the last decoder layer's cross-attention (after weights from
+        a checkpoint without one are loaded, call it again). No-op without a pointer."""
+        if "pointer" in self and self.decoder.layers:
+            cross = self.decoder.layers[-1].cross_attn
+            self.pointer.warm_start(cross.query, cross.key)
 
     # -- parts shared with BERTShare -------------------------------------------------------
     def _dec_embeddings(self) -> Embeddings:
@@ -178,8 +189,25 @@ class Bert2Bert(nn.Module):
         return head.features(h), head.output_matrix(self.encoder.embeddings.word), head.bias
 
     def __call__(self, src_ids: mx.array, src_mask: mx.array, tgt_ids: mx.array) -> mx.array:
-        """Teacher-forced logits (B, T, V)."""
+        """Teacher-forced vocabulary logits (B, T, V) (with a pointer, the vocabulary part
+        only: `log_probs` gives the whole distribution)."""
         return self.lm_logits(self.decode(tgt_ids, self.encode(src_ids, src_mask), src_mask))
+
+    def log_probs(self, src_ids: mx.array, src_mask: mx.array, tgt_ids: mx.array) -> mx.array:
+        """Teacher-forced log-probabilities of the next token (B, T, V), float32: the
+        vocabulary's, mixed with copying from the source when the model has a pointer."""
+        memory = self.encode(src_ids, src_mask)
+        h = self.decode(tgt_ids, memory, src_mask)  # (B, T, C)
+        out = fastmath.log_softmax(self.lm_logits(h).astype(mx.float32))
+        if "pointer" not in self:
+            return out
+        weights, gate = self.point(h, memory, src_ids)
+        return mix_log_probs(out, weights, gate, src_ids)
+
+    def point(self, h: mx.array, memory: mx.array, src_ids: mx.array) -> tuple[mx.array, mx.array]:
+        """The pointer's copy weights (B, T, S) and gate logits (B, T) for decoder states
+        (B, T, C) over encoder states (B, S, C) of source ids (B, S)."""
+        return self.pointer(h, self.pointer.keys(memory), memory, copyable(src_ids, self.config))
 
     # -- generation ------------------------------------------------------------------------
     def make_cache(self, memory: mx.array, src_mask: mx.array | None = None) -> DecoderCache:
@@ -190,9 +218,16 @@ class Bert2Bert(nn.Module):
         return DecoderCache(layers, padding_mask(src_mask))
 
     def decode_step(self, tokens: mx.array, cache: DecoderCache, table_t: mx.array | None = None) -> mx.array:
-        """Next-token logits (B, V) for the newest tokens (B, 1), extending the cache."""
-        h = self.decode(tokens, None, cache=cache)  # (B, 1, C)
-        return self.lm_logits(h[:, -1], table_t)
+        """Next-token vocabulary logits (B, V) for the newest tokens (B, 1), extending the cache."""
+        return self.decode_step_states(tokens, cache, table_t)[0]
+
+    def decode_step_states(
+        self, tokens: mx.array, cache: DecoderCache, table_t: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
+        """`decode_step`'s logits (B, V) and the decoder's final states (B, C) they came
+        from (what the pointer reads)."""
+        h = self.decode(tokens, None, cache=cache)[:, -1]  # (B, C)
+        return self.lm_logits(h, table_t), h
 
     def num_parameters(self) -> int:
         from mlx.utils import tree_flatten

@@ -33,6 +33,10 @@ class AttentionMaps:
     encoder: np.ndarray  # (L, H, S, S)
     decoder: np.ndarray  # (L, H, T, T)
     cross: np.ndarray  # (L, H, T, S)
+    # A model with a pointer-generator: its copy attention as one layer of one head (1, 1, T, S),
+    # and the share of each step's distribution that copying gave, 1 - gate (T,). None without.
+    copy: np.ndarray | None = None
+    copy_share: np.ndarray | None = None
 
 
 @dataclass
@@ -234,7 +238,12 @@ def attention_maps(
     inter = Intermediates()
     with eval_mode(model):  # dropout would change the maps
         memory = model.encode(src_ids, None, inter)
-        model.decode(tgt, memory, None, intermediates=inter)
+        h = model.decode(tgt, memory, None, intermediates=inter)
+        copy = share = None
+        if "pointer" in model:
+            weights, gate = model.point(h, memory, src_ids)  # (1, T, S), (1, T)
+            copy = np.array(weights[None].astype(mx.float16))  # (1, 1, T, S)
+            share = np.array(mx.sigmoid(-gate[0]))
 
     def stack(maps: list[mx.array]) -> np.ndarray:
         return np.array(mx.stack([m[0] for m in maps]).astype(mx.float16)) if maps else np.zeros((0,), np.float16)
@@ -245,4 +254,6 @@ def attention_maps(
         encoder=stack(inter.encoder),
         decoder=stack(inter.decoder),
         cross=stack(inter.cross),
+        copy=copy,
+        copy_share=share,
     )

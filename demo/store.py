@@ -147,6 +147,7 @@ class Served:
             "vocab_size": c.vocab_size,
             "max_positions": c.max_positions,
             "share_encoder_decoder": c.share_encoder_decoder,
+            "pointer_generator": c.pointer_generator,
             "parameters": self.num_parameters,
         }
 

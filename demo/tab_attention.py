@@ -25,7 +25,10 @@ KINDS = {
     "Cross-attention (summary → source)": "cross",
     "Encoder self-attention (source → source)": "encoder",
     "Decoder self-attention (summary → summary)": "decoder",
+    "Copy attention (pointer-generator)": "copy",
 }
+NO_POINTER = ("This model has no pointer-generator, so nothing is copied: choose another attention "
+              "(a model fine-tuned with --pointer-generator has one).")
 MEAN, GRID = "mean over heads", "all heads (grid)"
 MODES = {"Window of tokens": "window", "Pool into spans": "aggregate"}
 GRID_LIMIT = 48  # rows/columns per small heatmap in the grid of heads
@@ -107,11 +110,15 @@ def render(
     src, summ = maps.source_tokens, maps.summary_tokens
     if not summ:
         return View(empty_figure("Attention", "The summary is empty: nothing to show."), [], "The summary is empty.")
-    weights = {"encoder": maps.encoder, "decoder": maps.decoder, "cross": maps.cross}[kind]  # (L, H, Q, K)
+    if kind == "copy" and maps.copy is None:
+        raise BadInput(NO_POINTER)
+    weights = {"encoder": maps.encoder, "decoder": maps.decoder, "cross": maps.cross, "copy": maps.copy}[kind]  # (L, H, Q, K)
     layers, heads = weights.shape[0], weights.shape[1]
     layer = int(min(max(0, int(layer or 0)), layers - 1))
-    grid = head == GRID
-    if head in (MEAN, GRID) or not head:
+    grid = head == GRID and kind != "copy"
+    if kind == "copy":  # one attention, whatever head is chosen
+        label, per_head = "one head", 0
+    elif head in (MEAN, GRID) or not head:
         label = MEAN if not grid else GRID
         per_head = None
     else:
@@ -134,7 +141,8 @@ def render(
         rows = token_axis(summ, summary_limit, "aggregate", 0, "summary tokens")
         cols = token_axis(src, limit, mode, start, "source tokens")
         y_title, x_title = "summary token being generated", "source token"
-    name = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention", "cross": "Cross-attention"}[kind]
+    name = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention", "cross": "Cross-attention",
+            "copy": "Copy attention"}[kind]
     title = f"{name} · layer {layer} · {label}"
     notes = list(dict.fromkeys(n for n in (rows.note, cols.note) if n))
     if notes:
@@ -146,9 +154,10 @@ def render(
         w = layer_w.mean(axis=0) if per_head is None else layer_w[per_head]
         fig = attention_heatmap(w, rows, cols, title, x_title, y_title)
 
-    # The highlight: always cross-attention of one summary token over the whole source.
+    # The highlight: cross-attention (the copy attention, when that is shown) of one summary
+    # token over the whole source.
     t = int(min(max(0, int(token or 0)), len(summ) - 1))
-    cross = maps.cross[layer].astype(np.float32)
+    cross = (maps.copy[0] if kind == "copy" else maps.cross[layer]).astype(np.float32)
     row = cross[:, t].mean(axis=0) if per_head is None else cross[per_head, t]
     pieces = highlight_source(src, row)
     best = ", ".join(f"{w} ({s:.2f})" for w, s in top_words(pieces))
@@ -162,6 +171,9 @@ def render(
         f"Strongest weight {float(row.max()):.4f}; spread evenly it would be {even:.4f}. "
         f"Source: {len(src)} tokens, summary: {len(summ)} tokens."
     )
+    if maps.copy_share is not None:
+        info += (f" The pointer-generator took {float(maps.copy_share[t]):.0%} of this step's distribution from "
+                 "copying source tokens (the rest from the vocabulary).")
     return View(fig, pieces, info)
 
 

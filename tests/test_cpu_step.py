@@ -25,7 +25,7 @@ def _src():
 
 def _steppers(model, beams, log_probs, monkeypatch):
     src, mask = _src()
-    memory, src_mask = _encode(model, src, mask)
+    memory, src_mask, _ = _encode(model, src, mask)
     monkeypatch.setenv("B2B_CPU_STEP", "0")
     in_mlx = _Stepper(model, memory, src_mask, 20, beams=beams, log_probs=log_probs)
     monkeypatch.setenv("B2B_CPU_STEP", "1")
@@ -124,7 +124,7 @@ def test_odd_sizes_and_long_padded_sources(tiny_config, half, monkeypatch):
     src = rng.integers(1000, 3000, (2, 45))
     src[1, 30:] = 0
     src = mx.array(src, dtype=mx.int32)
-    memory, src_mask = _encode(model, src, (src > 0).astype(mx.int32))
+    memory, src_mask, _ = _encode(model, src, (src > 0).astype(mx.int32))
     steppers = []
     for flag in ("0", "1"):
         monkeypatch.setenv("B2B_CPU_STEP", flag)

@@ -155,7 +155,7 @@ def test_attention_maps_are_cached_per_summary(store, last_state):
     assert maps.cross.shape[2] == len(maps.summary_tokens)
 
 
-@pytest.mark.parametrize("kind", list(tab_attention.KINDS))
+@pytest.mark.parametrize("kind", [k for k, v in tab_attention.KINDS.items() if v != "copy"])
 @pytest.mark.parametrize("head", [tab_attention.MEAN, tab_attention.GRID, "head 3"])
 @pytest.mark.parametrize("mode", list(tab_attention.MODES))
 def test_every_view_renders(store, last_state, kind, head, mode):
@@ -168,6 +168,30 @@ def test_every_view_renders(store, last_state, kind, head, mode):
     assert "%{y}" in heatmaps[0].hovertemplate and "%{z" in heatmaps[0].hovertemplate
     assert view.highlight and all(isinstance(t, str) for t, _ in view.highlight)
     assert "Strongest weight" in view.info and ("attended most to" in view.info or "almost uniformly" in view.info)
+
+
+def test_copy_attention_is_one_sentence_without_a_pointer(store, last_state):
+    maps = tab_attention.get_maps(store, tab_attention.MapsCache(), last_state)
+    with pytest.raises(BadInput, match="no pointer-generator"):
+        tab_attention.render(maps, "copy", 0, tab_attention.MEAN, "window", 0, 64, 0)
+
+
+@pytest.mark.parametrize("head", [tab_attention.MEAN, tab_attention.GRID, "head 3"])
+def test_copy_attention_of_a_pointer_model(tmp_path, head):
+    cfg = B2BConfig.preset("tiny", pointer_generator=True)
+    save_checkpoint(Bert2Bert(cfg), Tokenizer.default(), str(tmp_path / "run" / "checkpoints" / "step_0000001"))
+    store = CheckpointStore(str(tmp_path), fallback=None, settle_seconds=0.0)
+    store.refresh()
+    *_, (_, _, state) = tab_summarize.summarize_stream(store, ARTICLE, *DECODING)
+    maps = tab_attention.get_maps(store, tab_attention.MapsCache(), state)
+    T, S = len(maps.summary_tokens), len(maps.source_tokens)
+    assert maps.copy.shape == (1, 1, T, S) and maps.copy_share.shape == (T,)
+    assert ((maps.copy_share > 0) & (maps.copy_share < 1)).all()
+    # Weights over copyable source tokens only: [CLS] and [SEP] get none.
+    assert float(maps.copy[0, 0, :, 0].max()) == 0.0 and np.allclose(maps.copy[0, 0].astype(np.float32).sum(-1), 1, atol=1e-2)
+    view = tab_attention.render(maps, "Copy attention (pointer-generator)", 3, head, "window", 0, 64, 1)
+    assert len([t for t in view.figure.data if t.type == "heatmap"]) == 1
+    assert "Copy attention" in view.figure.layout.title.text and "from copying source tokens" in view.info
 
 
 def test_attention_of_an_older_summary_never_uses_a_newer_model(tmp_path):

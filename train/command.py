@@ -29,7 +29,7 @@ def run_command(
     setup_logging()
     s = parse_settings(settings_cls, argv, description=description)
     try:
-        model, tokenizer = build_model(s, share=getattr(s, "share", False))
+        model, tokenizer = build_model(s, share=getattr(s, "share", False), pointer=getattr(s, "pointer_generator", False))
         run(model, tokenizer, make_task(s, tokenizer, model), s, s.out)
     except TrainingStopped as e:
         log.error("%s", e)

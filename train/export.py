@@ -40,12 +40,13 @@ def model_card(ckpt: str, dtype: str) -> str:
             settings = json.load(f)
     model, _ = load_checkpoint(ckpt)
     cfg = model.config
+    pointer = ", with a pointer-generator (See et al. 2017) that copies source tokens" if cfg.pointer_generator else ""
     lines = [
         "# b2b summarizer (BERT2BERT, CNN/DailyMail)",
         "",
         f"A {'BERTShare' if cfg.share_encoder_decoder else 'BERT2BERT'} encoder-decoder "
         f"({cfg.encoder_layers}+{cfg.decoder_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
-        f"{model.num_parameters() / 1e6:.1f}M parameters), weights stored as {dtype}.",
+        f"{model.num_parameters() / 1e6:.1f}M parameters{pointer}), weights stored as {dtype}.",
         "",
         "## Training",
         f"- Task: {state.task or 'summarization'}; optimizer steps: {state.step}; examples seen: {state.examples_seen:,}; "

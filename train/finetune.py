@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 class FinetuneSettings(TrainSettings):
     RUN_IDENTITY: ClassVar[tuple[str, ...]] = TrainSettings.RUN_IDENTITY + (
         "data", "data_config", "val_data", "article_field", "summary_field", "limit", "max_source_len", "max_target_len", "share",
-        "keep_update_labels",
+        "keep_update_labels", "pointer_generator",
     )
     BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {"keep_update_labels": True}  # older runs kept "NEW:"
 
@@ -45,6 +45,7 @@ class FinetuneSettings(TrainSettings):
     max_target_len: int = 128
     keep_update_labels: bool = field(default=False, metadata={"help": 'keep CNN\'s "NEW:" label at the start of training summary lines (removed by default: 8%% of CNN/DM\'s training pairs have one, its test set none)'})
     share: bool = field(default=False, metadata={"help": "BERTShare: the decoder reuses the encoder's weights"})
+    pointer_generator: bool = field(default=False, metadata={"help": "add a pointer-generator (copying source tokens, See et al. 2017) to a model that has none; its copy attention starts from the last cross-attention"})
     label_smoothing: float = 0.0
     val_examples: int = field(default=200, metadata={"help": "validation pairs for val/loss"})
     rouge_examples: int = field(default=50, metadata={"help": "validation articles summarized for ROUGE (0: none)"})

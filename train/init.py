@@ -30,13 +30,16 @@ def copy_encoder_into_decoder(model: Bert2Bert) -> None:
     dec.lm_head.update(enc.mlm_head.parameters())
 
 
-def build_model(s: TrainSettings, share: bool = False) -> tuple[Bert2Bert, Tokenizer]:
+def build_model(s: TrainSettings, share: bool = False, pointer: bool = False) -> tuple[Bert2Bert, Tokenizer]:
     """The model a run starts from. `--init` may name a b2b checkpoint (an MLM-pretrained one
     also warm-starts the decoder from its encoder), a run folder (its newest checkpoint) or a
-    Hugging Face BERT folder / hub id."""
+    Hugging Face BERT folder / hub id. `pointer` adds a pointer-generator; a checkpoint without
+    one warm-starts it from its last cross-attention."""
     overrides = {"dropout": s.dropout} if s.dropout >= 0 else {}
     if share:
         overrides["share_encoder_decoder"] = True
+    if pointer:
+        overrides["pointer_generator"] = True
     if not s.init:
         mx.random.seed(s.seed)
         cfg = B2BConfig.preset(s.preset, **overrides)
@@ -60,6 +63,9 @@ def build_model(s: TrainSettings, share: bool = False) -> tuple[Bert2Bert, Token
         model.encoder.update(loaded.encoder.parameters())  # BERTShare keeps only the encoder
     else:
         model.update(loaded.parameters())
+    if model.config.pointer_generator and not loaded.config.pointer_generator:
+        log.info("Adding a pointer-generator, started from the last decoder layer's cross-attention.")
+        model.warm_start_pointer()
     state_path = os.path.join(folder, "trainer_state.json")
     if os.path.isfile(state_path):
         with open(state_path) as f:

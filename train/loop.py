@@ -84,14 +84,14 @@ def make_schedule(s: TrainSettings, total_steps: int) -> Callable:
 
 def make_optimizer(s: TrainSettings, total_steps: int) -> optim.Optimizer:
     """AdamW on the schedule; with `--new-lr-scale`, cross-attention (the part a BERT warm start
-    cannot initialise) gets its own AdamW at a multiple of it, so it catches up with the
+    cannot initialise) and the pointer-generator get their own AdamW at a multiple of it, so it catches up with the
     pretrained rest instead of leaving the decoder a source-blind language model for longer."""
     base = AdamW(learning_rate=make_schedule(s, total_steps), weight_decay=s.weight_decay)
     if s.new_lr_scale == 1.0:
         return base
     scaled = dataclasses.replace(s, lr=s.lr * s.new_lr_scale)
     fresh = AdamW(learning_rate=make_schedule(scaled, total_steps), weight_decay=s.weight_decay)
-    return optim.MultiOptimizer([fresh, base], [lambda path, _: ".cross_attn" in path])
+    return optim.MultiOptimizer([fresh, base], [lambda path, _: ".cross_attn" in path or path.startswith("pointer.")])
 
 
 def base_learning_rate(optimizer: optim.Optimizer) -> float:

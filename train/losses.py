@@ -7,17 +7,23 @@ import mlx.core as mx
 
 from b2b import Bert2Bert, cpu_ops
 from b2b.fastmath import cross_entropy as _nll_and_lse
+from b2b.pointer import label_nll
 
 
 def cross_entropy(logits: mx.array, labels: mx.array, weights: mx.array, label_smoothing: float = 0.0) -> tuple[mx.array, mx.array]:
     """Weighted mean token cross-entropy (logits (N, V), labels (N,), weights (N,)) and the
     number of scored tokens. One logsumexp per row: the only pass of exps over the vocabulary."""
-    logits = logits.astype(mx.float32)
+    nll = _smoothed_nll(logits.astype(mx.float32), labels, label_smoothing)
+    n = weights.sum()
+    return (nll * weights).sum() / mx.maximum(n, 1.0), n
+
+
+def _smoothed_nll(logits: mx.array, labels: mx.array, label_smoothing: float) -> mx.array:
+    """Per-row cross-entropy (N,) of float32 logits (N, V), label-smoothed."""
     nll, lse = _nll_and_lse(logits, labels)  # (N,) each
     if label_smoothing > 0:
         nll = (1 - label_smoothing) * nll + label_smoothing * (lse - logits.mean(axis=-1))
-    n = weights.sum()
-    return (nll * weights).sum() / mx.maximum(n, 1.0), n
+    return nll
 
 
 def mlm_loss(
@@ -60,19 +66,25 @@ def seq2seq_loss(
     error on the CPU (the fused kernel checks; the logits path would read past the row)."""
     dec_in, labels = tgt[:, :-1], tgt[:, 1:]
     weights = (labels != model.config.pad_id).astype(mx.float32).reshape(-1)
-    h = model.decode(dec_in, model.encode(src, src_mask), src_mask)  # (B, T, C)
-    h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)  # (B*T, C), (B*T,)
+    memory = model.encode(src, src_mask)
+    h3 = model.decode(dec_in, memory, src_mask)  # (B, T, C)
+    h, flat_labels = h3.reshape(-1, h3.shape[-1]), labels.reshape(-1)  # (B*T, C), (B*T,)
     # On the CPU, b2b's fused kernel computes the loss without the (B*T, V) logits in memory
     # and skips padding; elsewhere (or without it) the logits are formed.
     features, matrix, bias = model.lm_projection(h)
-    rows = cpu_ops.vocab_loss(features, matrix, bias, labels, weights, label_smoothing)
+    rows = cpu_ops.vocab_loss(features, matrix, bias, flat_labels, weights, label_smoothing)
     if rows is None:
-        return _logits_loss(model, h, labels, weights, label_smoothing)
+        rows = _logits_nll(model, h, flat_labels, label_smoothing)
+    if "pointer" in model:
+        # The label's probability mixes the vocabulary's with its copy mass in the source
+        # (label smoothing, if any, stays on the vocabulary part).
+        copy_weights, gate = model.point(h3, memory, src)
+        rows = label_nll(rows.reshape(labels.shape), copy_weights, gate, src, labels).reshape(-1)
     n = weights.sum()
     loss = (rows * weights).sum() / mx.maximum(n, 1.0)
     return loss, (loss, n)
 
 
-def _logits_loss(model: Bert2Bert, h: mx.array, labels: mx.array, weights: mx.array, label_smoothing: float):
-    loss, n = cross_entropy(model.lm_logits(h), labels, weights, label_smoothing)  # logits (N, V)
-    return loss, (loss, n)
+def _logits_nll(model: Bert2Bert, h: mx.array, labels: mx.array, label_smoothing: float) -> mx.array:
+    """Per-row (label-smoothed) cross-entropy (N,) through the (N, V) logits."""
+    return _smoothed_nll(model.lm_logits(h).astype(mx.float32), labels, label_smoothing)

@@ -40,7 +40,7 @@ class TrainSettings:
     grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
     lr: float = 1e-4
     weight_decay: float = 0.01
-    new_lr_scale: float = field(default=1.0, metadata={"help": "learning-rate multiplier for weights a warm start leaves freshly initialised (cross-attention)"})
+    new_lr_scale: float = field(default=1.0, metadata={"help": "learning-rate multiplier for weights a warm start leaves freshly initialised (cross-attention, a pointer-generator)"})
     warmup_steps: int = 500
     schedule: str = field(default="linear", metadata={"help": "decay after warmup: linear, cosine or constant"})
     max_steps: int = field(default=0, metadata={"help": "optimizer steps (0: use --epochs)"})

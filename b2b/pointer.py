@@ -1,0 +1,153 @@
+"""Pointer-generator copying (See et al. 2017) on top of the BERT2BERT decoder.
+
+A small model writes names and numbers badly: "albert maysles" is four WordPieces it must
+produce from the vocabulary softmax, and it often writes a wrong but likely name instead. With
+the pointer, each step's distribution mixes the vocabulary softmax with a copy distribution
+over the source's tokens:
+
+    p(w) = g * p_vocab(w) + (1 - g) * sum_{i : src_i = w} a_i
+
+where a (over source positions) is one attention from the decoder's final state to the encoder
+states, and the gate g = sigmoid(w . [h; a @ memory] + b) decides how much to copy.
+Shapes: B batch, S source length, T target length, C hidden, V vocabulary, R decoding rows.
+"""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .config import B2BConfig
+from .layers import Linear
+
+_NEG = -1e9  # a finite "minus infinity": a source with nothing to copy gives zero weights, not NaN
+# Added to a label's copy mass in training: log(0) would make the gradient NaN (0 * inf).
+_TINY = 1e-12
+_GATE_BIAS = 2.0  # a fresh head starts copying little (g ~ 0.88): the decoder it joins already writes
+
+
+def copyable(src_ids: mx.array, cfg: B2BConfig) -> mx.array:
+    """(B, S) bool: source positions the pointer may copy from (not [PAD], [CLS] or [SEP]:
+    the summary's end comes from the vocabulary)."""
+    return (src_ids != cfg.pad_id) & (src_ids != cfg.cls_id) & (src_ids != cfg.sep_id)
+
+
+class PointerGenerator(nn.Module):
+    """The copy attention (one head over the full hidden size) and the copy gate."""
+
+    def __init__(self, cfg: B2BConfig):
+        super().__init__()
+        C = cfg.hidden_size
+        self.query = Linear(C, C)
+        self.key = Linear(C, C)
+        self.gate = Linear(2 * C, 1)
+        # The scale of one head of the cross-attention it is warm-started from (`warm_start`):
+        # its scores start as the sum of that layer's heads' scores.
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    def keys(self, memory: mx.array) -> mx.array:
+        """Encoder states (B, S, C) -> copy-attention keys (B, S, C), once per input."""
+        return self.key(memory)
+
+    def __call__(
+        self, h: mx.array, keys: mx.array, memory: mx.array, allowed: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """Copy weights (B, T, S) and gate logits (B, T) for decoder states h (B, T, C);
+        `allowed` (B, S) bool from `copyable`. sigmoid(gate logit) is the vocabulary's share."""
+        scores = (self.query(h) * self.scale) @ keys.transpose(0, 2, 1)  # (B, T, S)
+        scores = mx.where(allowed[:, None, :], scores.astype(mx.float32), _NEG)
+        weights = mx.softmax(scores, axis=-1) * allowed[:, None, :]  # (B, T, S)
+        context = weights.astype(memory.dtype) @ memory  # (B, T, C)
+        gate = self.gate(mx.concatenate([h, context], axis=-1))[..., 0]  # (B, T)
+        return weights, gate.astype(mx.float32)
+
+    def warm_start(self, cross_query: nn.Linear, cross_key: nn.Linear) -> None:
+        """Start from a cross-attention's projections (the last decoder layer's): the pointer
+        then attends like the sum of its heads instead of uniformly, and the gate starts
+        favouring the vocabulary."""
+        self.query.update(cross_query.parameters())
+        self.key.update(cross_key.parameters())
+        self.gate.weight = mx.zeros_like(self.gate.weight)
+        self.gate.bias = mx.full(self.gate.bias.shape, _GATE_BIAS)
+
+
+def label_nll(
+    vocab_nll: mx.array, weights: mx.array, gate: mx.array, src_ids: mx.array, labels: mx.array
+) -> mx.array:
+    """-log p(label) under the mixture, (B, T), from the vocabulary's -log p_vocab(label)
+    (B, T), copy weights (B, T, S), gate logits (B, T), source ids (B, S) and labels (B, T).
+    Only the labels' copy mass is formed: no (B, T, V) array."""
+    hits = src_ids[:, None, :] == labels[:, :, None]  # (B, T, S)
+    copy_mass = (weights * hits).sum(axis=-1)  # (B, T)
+    from_vocab = nn.log_sigmoid(gate) - vocab_nll
+    from_copy = nn.log_sigmoid(-gate) + mx.log(copy_mass + _TINY)
+    return -mx.logaddexp(from_vocab, from_copy)
+
+
+def mix_log_probs(vocab_log_probs: mx.array, weights: mx.array, gate: mx.array, src_ids: mx.array) -> mx.array:
+    """The mixture's log-probabilities (B, T, V) from the vocabulary's (B, T, V), copy weights
+    (B, T, S), gate logits (B, T) and source ids (B, S): the reference the decoding steps'
+    `CopyMixer` is tested against (it forms a (B, T, V) array: for short inputs only)."""
+    B, T, V = vocab_log_probs.shape
+    rows = mx.arange(B)[:, None, None]
+    steps = mx.arange(T)[None, :, None]
+    mass = mx.zeros((B, T, V), mx.float32).at[rows, steps, src_ids[:, None, :]].add(weights.astype(mx.float32))
+    from_vocab = nn.log_sigmoid(gate)[..., None] + vocab_log_probs.astype(mx.float32)
+    from_copy = nn.log_sigmoid(-gate)[..., None] + mx.log(mass)  # -inf where the source lacks the token
+    return mx.logaddexp(from_vocab, from_copy)
+
+
+def _log_sigmoid(x: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -x)
+
+
+class CopyMixer:
+    """A decoding run's copy step on the host: the source's copy keys are projected once per
+    input; each step turns the vocabulary's log-probabilities (R, V) and the decoder's final
+    states (R, C) into the mixture's log-probabilities, touching only the tokens the source
+    holds. Row r belongs to input r // beams."""
+
+    def __init__(self, model, memory: mx.array, src_ids: mx.array, beams: int):
+        head: PointerGenerator = model.pointer
+        f32 = lambda a: np.asarray(a.astype(mx.float32))  # noqa: E731
+        self.keys = f32(head.keys(memory) * head.scale)  # (B, S, C), the scale folded in
+        self.memory = f32(memory)  # (B, S, C)
+        self.wq, self.bq = f32(head.query.weight).T.copy(), f32(head.query.bias)  # (C, C), (C,)
+        self.wg, self.bg = f32(head.gate.weight)[0], float(f32(head.gate.bias)[0])  # (2C,), ()
+        ids = np.asarray(src_ids)
+        allowed = np.asarray(copyable(src_ids, model.config))
+        self.beams = beams
+        # Per input: the distinct copyable tokens, and which of them each position holds.
+        self.tokens, self.onehot, self.allowed = [], [], allowed
+        for b in range(ids.shape[0]):
+            uniq, inverse = np.unique(ids[b][allowed[b]], return_inverse=True)
+            onehot = np.zeros((ids.shape[1], len(uniq)), np.float32)  # (S, U)
+            onehot[np.flatnonzero(allowed[b]), inverse] = 1.0
+            self.tokens.append(uniq)
+            self.onehot.append(onehot)
+
+    def __call__(self, log_probs: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """Mix in place and return `log_probs` (R, V) for final decoder states h (R, C)."""
+        q = h @ self.wq + self.bq  # (R, C)
+        C = h.shape[1]
+        for b, (uniq, onehot) in enumerate(zip(self.tokens, self.onehot)):
+            rows = slice(b * self.beams, (b + 1) * self.beams)
+            scores = q[rows] @ self.keys[b].T  # (K, S)
+            scores = np.where(self.allowed[b], scores, -np.inf)
+            if len(uniq):
+                weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+                weights /= weights.sum(axis=-1, keepdims=True)
+            else:
+                weights = np.zeros_like(scores)
+            context = weights @ self.memory[b]  # (K, C)
+            gate = h[rows] @ self.wg[:C] + context @ self.wg[C:] + self.bg  # (K,)
+            out = log_probs[rows]
+            out += _log_sigmoid(gate)[:, None]
+            if len(uniq):
+                mass = weights @ onehot  # (K, U)
+                with np.errstate(divide="ignore"):
+                    copied = _log_sigmoid(-gate)[:, None] + np.log(mass)
+                out[:, uniq] = np.logaddexp(out[:, uniq], copied)
+        return log_probs

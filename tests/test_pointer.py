@@ -1,0 +1,161 @@
+"""The pointer-generator (b2b/pointer.py): a proper distribution, a training loss that is its
+negative log-likelihood, decoding steps (C, compiled MLX, plain MLX) that give the teacher-forced
+distribution, copying that reaches the summary, and warm starts and checkpoints that keep it."""
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from b2b import Bert2Bert, DecodingConfig, generate, load_checkpoint, save_checkpoint
+from b2b.convert import ConversionError, to_hf_encoder_decoder
+from b2b.generate import _encode, _Stepper
+from b2b.pointer import copyable, label_nll
+
+
+def _pointer_model(tiny_config, share: bool = False, seed: int = 0, copy_bias: float | None = None) -> Bert2Bert:
+    mx.random.seed(seed)
+    model = Bert2Bert(tiny_config.replace(share_encoder_decoder=share, pointer_generator=True))
+    # A gate that depends on the state, and copy scores that are not flat: random, not the warm start.
+    model.pointer.gate.weight = mx.random.normal(model.pointer.gate.weight.shape) * 0.3
+    model.pointer.gate.bias = mx.array([0.0 if copy_bias is None else copy_bias])
+    model.pointer.query.weight = mx.random.normal(model.pointer.query.weight.shape) * 0.5
+    model.eval()
+    return model
+
+
+def _batch():
+    # Rare ids in the source (2000-2010) that the targets repeat; a padded row.
+    src = mx.array([[101, 2000, 2001, 2002, 2003, 102, 0, 0, 0], [101, 2004, 2005, 2006, 2007, 2008, 2009, 2010, 102]])
+    tgt = mx.array([[101, 2002, 2003, 1996, 2000, 102], [101, 2010, 1996, 2004, 2005, 102]])
+    return src, (src > 0).astype(mx.int32), tgt
+
+
+def test_mixture_is_a_distribution_that_copies(tiny_config):
+    model = _pointer_model(tiny_config)
+    src, mask, tgt = _batch()
+    lp = model.log_probs(src, mask, tgt)  # (B, T, V)
+    assert np.allclose(np.array(mx.logsumexp(lp, axis=-1)), 0.0, atol=1e-4)
+    vocab = model.lm_logits(model.decode(tgt, model.encode(src, mask), mask))
+    vocab_lp = np.array(nn.log_softmax(vocab.astype(mx.float32), axis=-1))
+    got = np.array(lp)
+    # Source tokens gain probability from copying; [SEP], never copyable, and other tokens lose
+    # the gate's share.
+    assert (got[1, :, 2010] > vocab_lp[1, :, 2010]).all()
+    assert (got[:, :, 102] < vocab_lp[:, :, 102]).all() and (got[:, :, 1996] < vocab_lp[:, :, 1996]).all()
+    # Padding, [CLS] and [SEP] are never copy targets.
+    assert np.array(copyable(src, model.config)).tolist()[0] == [False, True, True, True, True, False, False, False, False]
+
+
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_training_loss_is_the_mixture_nll(tiny_config, fused, monkeypatch):
+    from train.losses import seq2seq_loss
+
+    monkeypatch.setenv("B2B_CPU_VOCAB_LOSS", fused)
+    model = _pointer_model(tiny_config, seed=1)
+    src, mask, tgt = _batch()
+    loss, (_, n) = seq2seq_loss(model, src, mask, tgt)
+    lp = np.array(model.log_probs(src, mask, tgt[:, :-1]))
+    labels = np.array(tgt[:, 1:])
+    picked = np.take_along_axis(lp, labels[..., None], axis=-1)[..., 0]
+    want = -(picked * (labels != 0)).sum() / (labels != 0).sum()
+    assert float(n) == (labels != 0).sum()
+    assert abs(float(loss) - want) < 1e-4
+
+
+def test_label_nll_without_copy_mass_is_the_vocab_share():
+    vocab_nll = mx.array([[2.0]])
+    weights = mx.array([[[0.5, 0.5]]])
+    gate = mx.array([[0.3]])
+    out = label_nll(vocab_nll, weights, gate, mx.array([[7, 8]]), mx.array([[9]]))
+    # The label is not in the source: only the vocabulary's share of its probability is left.
+    assert abs(float(out[0, 0]) - (2.0 - float(nn.log_sigmoid(gate)[0, 0]))) < 1e-5
+    # In the source at both positions: the copy share adds all of the weight.
+    both = label_nll(vocab_nll, weights, gate, mx.array([[9, 9]]), mx.array([[9]]))
+    want = -np.logaddexp(float(nn.log_sigmoid(gate)[0, 0]) - 2.0, float(nn.log_sigmoid(-gate)[0, 0]))
+    assert abs(float(both[0, 0]) - want) < 1e-5
+
+
+def test_gradients_reach_the_pointer(tiny_config):
+    from train.losses import seq2seq_loss
+
+    model = _pointer_model(tiny_config)
+    model.train()
+    src, mask, tgt = _batch()
+    _, grads = nn.value_and_grad(model, lambda m, *a: seq2seq_loss(m, *a)[0])(model, src, mask, tgt)
+    for name in ("query", "key", "gate"):
+        g = np.array(grads["pointer"][name]["weight"])
+        assert np.isfinite(g).all() and np.abs(g).max() > 0, name
+
+
+@pytest.mark.parametrize("path", ["c", "compiled", "plain"])
+@pytest.mark.parametrize("beams", [1, 2])
+def test_decoding_steps_give_the_teacher_forced_mixture(tiny_config, path, beams, monkeypatch):
+    from b2b import cpu_step
+
+    if path == "c" and not cpu_step.available():
+        pytest.skip("the C step needs MLX on the CPU and a C compiler with OpenMP")
+    monkeypatch.setenv("B2B_CPU_STEP", "1" if path == "c" else "0")
+    monkeypatch.setenv("B2B_COMPILE_DECODE", "0" if path == "plain" else "1")
+    model = _pointer_model(tiny_config, share=beams == 2)
+    src, mask, tgt = _batch()
+    want = np.array(model.log_probs(src, mask, tgt))  # (B, T, V)
+    memory, src_mask, ids = _encode(model, src, mask)
+    stepper = _Stepper(model, memory, src_mask, 16, beams=beams, src_ids=ids)
+    assert (stepper.in_c is not None) == (path == "c")
+    for t in range(tgt.shape[1]):
+        rows = mx.repeat(tgt[:, t : t + 1], beams, axis=0)  # (B * beams, 1)
+        got = stepper(rows)
+        assert np.allclose(got, np.repeat(want[:, t], beams, axis=0), atol=2e-4), t
+
+
+def test_a_copying_gate_writes_only_source_tokens(tiny_config, tokenizer):
+    from b2b import summarize
+
+    model = _pointer_model(tiny_config, copy_bias=-30.0)  # the vocabulary gets e^-30 of the mass
+    article = "Zebras graze quietly near the river while tourists photograph them."
+    source = set(tokenizer.batch_encode([article]).ids[0].tolist())
+    for beams in (1, 3):
+        result = summarize(model, tokenizer, article, num_beams=beams, max_length=12, no_repeat_ngram_size=0,
+                           no_repeat_word=False)
+        assert result.token_ids and set(result.token_ids) <= source - {101, 102}, result.text
+        assert result.finish_reason == "length"  # [SEP] is never copied
+
+
+def test_sampling_with_a_pointer(tiny_config):
+    model = _pointer_model(tiny_config)
+    src, mask, _ = _batch()
+    cfg = DecodingConfig(do_sample=True, max_length=6, seed=3, top_k=5)
+    a = generate(model, src, mask, cfg)
+    b = generate(model, src, mask, cfg)
+    assert [h.tokens for h in a] == [h.tokens for h in b] and all(h.tokens for h in a)
+
+
+def test_checkpoint_keeps_the_pointer_and_old_configs_have_none(tiny_config, tokenizer, tmp_path):
+    model = _pointer_model(tiny_config)
+    save_checkpoint(model, tokenizer, str(tmp_path / "p"))
+    loaded, _ = load_checkpoint(str(tmp_path / "p"))
+    assert loaded.config.pointer_generator
+    assert np.array_equal(np.array(loaded.pointer.gate.weight), np.array(model.pointer.gate.weight))
+    src, mask, tgt = _batch()
+    assert np.allclose(np.array(loaded.log_probs(src, mask, tgt)), np.array(model.log_probs(src, mask, tgt)), atol=1e-5)
+    assert "pointer" not in Bert2Bert(tiny_config)
+    with pytest.raises(ConversionError, match="pointer"):
+        to_hf_encoder_decoder(model)
+
+
+def test_finetune_adds_a_pointer_warm_started_from_cross_attention(tiny_config, tokenizer, tmp_path):
+    from train.finetune import FinetuneSettings
+    from train.init import build_model
+
+    mx.random.seed(5)
+    plain = Bert2Bert(tiny_config)
+    save_checkpoint(plain, tokenizer, str(tmp_path / "plain"))
+    s = FinetuneSettings(init=str(tmp_path / "plain"), out=str(tmp_path / "run"))
+    model, _ = build_model(s, pointer=True)
+    assert model.config.pointer_generator
+    last = plain.decoder.layers[-1].cross_attn
+    assert np.array_equal(np.array(model.pointer.query.weight), np.array(last.query.weight))
+    assert np.array_equal(np.array(model.pointer.key.bias), np.array(last.key.bias))
+    assert float(model.pointer.gate.bias[0]) == 2.0 and float(mx.abs(model.pointer.gate.weight).max()) == 0.0
+    # The rest is the checkpoint's.
+    assert np.array_equal(np.array(model.encoder.embeddings.word.weight), np.array(plain.encoder.embeddings.word.weight))
