@@ -25,6 +25,7 @@ from .layers import Linear
 _NEG = -1e9  # a finite "minus infinity": a source with nothing to copy gives zero weights, not NaN
 # Added to a label's copy mass in training: log(0) would make the gradient NaN (0 * inf).
 _TINY = 1e-12
+_NOTHING_TO_COPY = 50.0  # the gate logit where the source holds no copyable token: all from the vocabulary
 _GATE_BIAS = 2.0  # a fresh head starts copying little (g ~ 0.88): the decoder it joins already writes
 
 
@@ -60,8 +61,8 @@ class PointerGenerator(nn.Module):
         scores = mx.where(allowed[:, None, :], scores.astype(mx.float32), _NEG)
         weights = mx.softmax(scores, axis=-1) * allowed[:, None, :]  # (B, T, S)
         context = weights.astype(memory.dtype) @ memory  # (B, T, C)
-        gate = self.gate(mx.concatenate([h, context], axis=-1))[..., 0]  # (B, T)
-        return weights, gate.astype(mx.float32)
+        gate = self.gate(mx.concatenate([h, context], axis=-1))[..., 0].astype(mx.float32)  # (B, T)
+        return weights, mx.where(allowed.any(axis=-1, keepdims=True), gate, _NOTHING_TO_COPY)
 
     def warm_start(self, cross_query: nn.Linear, cross_key: nn.Linear) -> None:
         """Start from a cross-attention's projections (the last decoder layer's): the pointer
@@ -111,43 +112,58 @@ class CopyMixer:
 
     def __init__(self, model, memory: mx.array, src_ids: mx.array, beams: int):
         head: PointerGenerator = model.pointer
-        f32 = lambda a: np.asarray(a.astype(mx.float32))  # noqa: E731
+        f32 = lambda a: np.ascontiguousarray(np.asarray(a.astype(mx.float32)))  # noqa: E731
         self.keys = f32(head.keys(memory) * head.scale)  # (B, S, C), the scale folded in
         self.memory = f32(memory)  # (B, S, C)
-        self.wq, self.bq = f32(head.query.weight).T.copy(), f32(head.query.bias)  # (C, C), (C,)
-        self.wg, self.bg = f32(head.gate.weight)[0], float(f32(head.gate.bias)[0])  # (2C,), ()
+        self.wq, self.bq = f32(head.query.weight), f32(head.query.bias)  # (C, C) as (out, in), (C,)
+        self.wg, self.bg = f32(head.gate.weight)[0].copy(), float(f32(head.gate.bias)[0])  # (2C,), ()
         ids = np.asarray(src_ids)
         allowed = np.asarray(copyable(src_ids, model.config))
         self.beams = beams
-        # Per input: the distinct copyable tokens, and which of them each position holds.
-        self.tokens, self.onehot, self.allowed = [], [], allowed
-        for b in range(ids.shape[0]):
-            uniq, inverse = np.unique(ids[b][allowed[b]], return_inverse=True)
-            onehot = np.zeros((ids.shape[1], len(uniq)), np.float32)  # (S, U)
-            onehot[np.flatnonzero(allowed[b]), inverse] = 1.0
-            self.tokens.append(uniq)
-            self.onehot.append(onehot)
+        # Per input: its distinct copyable tokens (B, U) (-1 after the last), and which of them
+        # each position holds (B, S) (-1: not copyable).
+        found = [np.unique(ids[b][allowed[b]], return_inverse=True) for b in range(ids.shape[0])]
+        U = max([len(u) for u, _ in found] + [1])
+        self.tokens = np.full((ids.shape[0], U), -1, np.int32)
+        self.slot = np.full(ids.shape, -1, np.int32)
+        for b, (uniq, inverse) in enumerate(found):
+            self.tokens[b, : len(uniq)] = uniq
+            self.slot[b, allowed[b]] = inverse
 
     def __call__(self, log_probs: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """Mix in place and return `log_probs` (R, V) for final decoder states h (R, C)."""
-        q = h @ self.wq + self.bq  # (R, C)
+        """Mix in place and return `log_probs` (R, V) (C-contiguous float32) for final decoder
+        states h (R, C): in C on MLX's CPU backend (cpu_step.copy_mix), else in NumPy."""
+        from . import cpu_step  # (cpu_step imports the model, which imports this module)
+
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        args = (self.wq, self.bq, self.keys, self.memory, self.wg, self.bg, self.slot, self.tokens)
+        if not cpu_step.copy_mix(log_probs, h, *args):
+            self._mix_numpy(log_probs, h)
+        return log_probs
+
+    def _mix_numpy(self, log_probs: np.ndarray, h: np.ndarray) -> None:
+        q = h @ self.wq.T + self.bq  # (R, C)
         C = h.shape[1]
-        for b, (uniq, onehot) in enumerate(zip(self.tokens, self.onehot)):
+        for b in range(self.keys.shape[0]):
             rows = slice(b * self.beams, (b + 1) * self.beams)
-            scores = q[rows] @ self.keys[b].T  # (K, S)
-            scores = np.where(self.allowed[b], scores, -np.inf)
-            if len(uniq):
+            allowed = self.slot[b] >= 0
+            scores = np.where(allowed, q[rows] @ self.keys[b].T, -np.inf)  # (K, S)
+            if allowed.any():
                 weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
                 weights /= weights.sum(axis=-1, keepdims=True)
             else:
                 weights = np.zeros_like(scores)
             context = weights @ self.memory[b]  # (K, C)
             gate = h[rows] @ self.wg[:C] + context @ self.wg[C:] + self.bg  # (K,)
-            out = log_probs[rows]
+            if not allowed.any():
+                gate[:] = _NOTHING_TO_COPY
+            out = log_probs[rows]  # a view: changed in place
             out += _log_sigmoid(gate)[:, None]
+            uniq = self.tokens[b][self.tokens[b] >= 0]
             if len(uniq):
-                mass = weights @ onehot  # (K, U)
+                mass = np.zeros((weights.shape[0], len(uniq)), np.float64)
+                for k in range(weights.shape[0]):
+                    mass[k] = np.bincount(self.slot[b][allowed], weights=weights[k][allowed], minlength=len(uniq))
                 with np.errstate(divide="ignore"):
                     copied = _log_sigmoid(-gate)[:, None] + np.log(mass)
                 out[:, uniq] = np.logaddexp(out[:, uniq], copied)
-        return log_probs

@@ -159,3 +159,27 @@ def test_finetune_adds_a_pointer_warm_started_from_cross_attention(tiny_config, 
     assert float(model.pointer.gate.bias[0]) == 2.0 and float(mx.abs(model.pointer.gate.weight).max()) == 0.0
     # The rest is the checkpoint's.
     assert np.array_equal(np.array(model.encoder.embeddings.word.weight), np.array(plain.encoder.embeddings.word.weight))
+
+
+def test_c_mixing_equals_numpy_mixing(tiny_config):
+    from b2b import cpu_step
+    from b2b.pointer import CopyMixer
+
+    if not cpu_step.available():
+        pytest.skip("the C step needs MLX on the CPU and a C compiler with OpenMP")
+    model = _pointer_model(tiny_config, seed=4)
+    # The second input holds nothing to copy: its rows keep the vocabulary's distribution.
+    src = mx.array([[101, 2000, 2001, 2000, 2003, 102, 0], [101, 102, 0, 0, 0, 0, 0]])
+    memory = model.encode(src, (src > 0).astype(mx.int32))
+    mixer = CopyMixer(model, memory, src, beams=3)
+    rng = np.random.default_rng(0)
+    vocab = rng.normal(size=(6, tiny_config.vocab_size)).astype(np.float32)
+    vocab -= np.log(np.exp(vocab).sum(-1, keepdims=True))
+    h = rng.normal(size=(6, tiny_config.hidden_size)).astype(np.float32)
+    in_c = mixer(vocab.copy(), h)
+    in_numpy = vocab.copy()
+    mixer._mix_numpy(in_numpy, h)
+    assert np.allclose(in_c, in_numpy, atol=1e-4)
+    assert np.allclose(np.log(np.exp(in_c.astype(np.float64)).sum(-1)), 0.0, atol=1e-4)
+    assert (in_c[:3, 2000] > vocab[:3, 2000]).all() and (in_c[:3, 1996] < vocab[:3, 1996]).all()
+    assert np.allclose(in_c[3:], vocab[3:], atol=1e-6)
