@@ -21,6 +21,10 @@ def casing_table(source: str) -> dict[str, str]:
         if start == 0 or _SENTENCE_START.search(source[max(0, start - 4) : start]):
             continue
         counts[m.group().lower()][m.group()] += 1
+        if "-" in m.group():  # "Radnor-Wayne": a summary may copy "radnor" alone
+            for part in m.group().split("-"):
+                if part[:1].isalpha():
+                    counts[part.lower()][part] += 1
     return {low: forms.most_common(1)[0][0] for low, forms in counts.items()}
 
 
