@@ -183,3 +183,18 @@ def test_c_mixing_equals_numpy_mixing(tiny_config):
     assert np.allclose(np.log(np.exp(in_c.astype(np.float64)).sum(-1)), 0.0, atol=1e-4)
     assert (in_c[:3, 2000] > vocab[:3, 2000]).all() and (in_c[:3, 1996] < vocab[:3, 1996]).all()
     assert np.allclose(in_c[3:], vocab[3:], atol=1e-6)
+
+
+def test_finetune_command_trains_a_pointer_and_resumes_it(tmp_path):
+    from conftest import FIXTURES
+    from train import finetune
+
+    args = ["--preset", "tiny", "--max-source-len", "64", "--max-target-len", "24", "--batch-size", "4",
+            "--rouge-examples", "0", "--val-examples", "8", "--warmup-steps", "0", "--eval-every", "0",
+            "--data", str(FIXTURES / "cnndm_tok_sample.jsonl.gz"), "--limit", "20", "--out", str(tmp_path / "run")]
+    assert finetune.main(args + ["--pointer-generator", "--max-steps", "2"]) == 0
+    saved = tmp_path / "run" / "checkpoints" / "step_0000002"
+    model, _ = load_checkpoint(str(saved))
+    assert model.config.pointer_generator
+    assert finetune.main(args + ["--resume", "--max-steps", "3"]) == 0  # the saved settings keep the pointer
+    assert load_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_0000003"))[0].config.pointer_generator

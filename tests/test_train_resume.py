@@ -199,3 +199,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_as_it_ran(tmp_path, tiny_m
     with pytest.raises(SystemExit):
         parse_settings(FinetuneSettings, ["--out", str(tmp_path), "--resume", "--no-keep-update-labels"])
     assert parse_settings(FinetuneSettings, ["--data", "x.jsonl"]).keep_update_labels is False  # new runs
+    # Nor had they a pointer-generator: a resume may not add one (its weights are not in the checkpoint).
+    assert resumed.pointer_generator is False
+    with pytest.raises(SystemExit):
+        parse_settings(FinetuneSettings, ["--out", str(tmp_path), "--resume", "--pointer-generator"])

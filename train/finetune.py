@@ -33,7 +33,8 @@ class FinetuneSettings(TrainSettings):
         "data", "data_config", "val_data", "article_field", "summary_field", "limit", "max_source_len", "max_target_len", "share",
         "keep_update_labels", "pointer_generator",
     )
-    BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {"keep_update_labels": True}  # older runs kept "NEW:"
+    # Older runs kept "NEW:" and had no pointer-generator.
+    BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {"keep_update_labels": True, "pointer_generator": False}
 
     data: str = field(default="tests/fixtures/cnndm_tok_sample.jsonl.gz", metadata={"help": "JSONL/JSONL.GZ/CSV/Parquet, or a hub dataset name"})
     data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. 3.0.0 for cnn_dailymail"})
