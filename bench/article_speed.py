@@ -1,0 +1,51 @@
+"""Seconds an article and tokens a second of `b2b.summarize`, one article at a time, for
+checkpoints side by side (e.g. the shipped model before and after a change):
+
+    python -m bench.article_speed demo/checkpoint OTHER_CHECKPOINT --articles 8
+
+Weights are rounded to float16 values, as a float16 checkpoint loads, so every checkpoint takes
+the same decoding path. Each (checkpoint, beams) row decodes one article first to warm up."""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+
+import b2b  # noqa: F401 - preloads the BLAS before mlx.core
+import mlx.core as mx
+from mlx.utils import tree_map
+
+
+def _articles(path: str, n: int) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line)["article"] for _, line in zip(range(n), f)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+")
+    p.add_argument("--data", default="../shared/data/cnndm/val.jsonl.gz", help="JSONL(.GZ) with an article field")
+    p.add_argument("--articles", type=int, default=8)
+    p.add_argument("--beams", default="1,4")
+    p.add_argument("--max-source-length", type=int, default=320)
+    a = p.parse_args(argv)
+    articles = _articles(a.data, a.articles)
+    print(f"{'checkpoint':40} {'beams':>5} {'s/article':>10} {'tokens/s':>9}")
+    for path in a.checkpoints:
+        model, tok = b2b.load_checkpoint(path)
+        model.update(tree_map(lambda w: w.astype(mx.float16).astype(mx.float32), model.parameters()))
+        for beams in (int(k) for k in a.beams.split(",")):
+            b2b.summarize(model, tok, articles[0], num_beams=beams, max_source_length=a.max_source_length)
+            tokens, start = 0, time.perf_counter()
+            for text in articles:
+                tokens += b2b.summarize(model, tok, text, num_beams=beams, max_source_length=a.max_source_length).num_tokens
+            seconds = time.perf_counter() - start
+            print(f"{path[-40:]:40} {beams:5d} {seconds / len(articles):10.3f} {tokens / seconds:9.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
