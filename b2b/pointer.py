@@ -105,12 +105,16 @@ def _log_sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class CopyMixer:
-    """A decoding run's copy step on the host: the source's copy keys are projected once per
-    input; each step turns the vocabulary's log-probabilities (R, V) and the decoder's final
-    states (R, C) into the mixture's log-probabilities, touching only the tokens the source
-    holds. Row r belongs to input r // beams."""
+    """A decoding run's copy step on the host (in C where cpu_step is built, else in NumPy):
+    the source's copy keys are projected once per input; each step turns the vocabulary's
+    log-probabilities (R, V) and the decoder's final states (R, C) into the mixture's
+    log-probabilities, touching only the tokens the source holds. Row r belongs to input
+    r // beams."""
 
     def __init__(self, model, memory: mx.array, src_ids: mx.array, beams: int):
+        from . import cpu_step  # (cpu_step imports the model, which imports this module)
+
+        self._mix_in_c = cpu_step.copy_mix
         head: PointerGenerator = model.pointer
         f32 = lambda a: np.ascontiguousarray(np.asarray(a.astype(mx.float32)))  # noqa: E731
         self.keys = f32(head.keys(memory) * head.scale)  # (B, S, C), the scale folded in
@@ -133,11 +137,9 @@ class CopyMixer:
     def __call__(self, log_probs: np.ndarray, h: np.ndarray) -> np.ndarray:
         """Mix in place and return `log_probs` (R, V) (C-contiguous float32) for final decoder
         states h (R, C): in C on MLX's CPU backend (cpu_step.copy_mix), else in NumPy."""
-        from . import cpu_step  # (cpu_step imports the model, which imports this module)
-
         h = np.ascontiguousarray(h, dtype=np.float32)
         args = (self.wq, self.bq, self.keys, self.memory, self.wg, self.bg, self.slot, self.tokens)
-        if not cpu_step.copy_mix(log_probs, h, *args):
+        if not self._mix_in_c(log_probs, h, *args):
             self._mix_numpy(log_probs, h)
         return log_probs
 
