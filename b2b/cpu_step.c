@@ -262,8 +262,8 @@ static void log_softmax_rows(float *y, int R, int V) {
 }
 
 /* Logits (or log-probabilities) out (R, V) for tokens (R,) at `position` (and, when `hidden` is
- * not NULL, the decoder's final states (R, C) there: a pointer-generator reads them), writing this step's
- * self-attention keys/values into keys[l] / values[l] (R, H, capacity, D) at `position`.
+ * not NULL, the decoder's final states (R, C) there: a pointer-generator reads them), writing
+ * this step's self-attention keys/values into keys[l] / values[l] (R, H, capacity, D) at `position`.
  * cross_kt[l]: (B, H, D, S) (keys transposed), cross_v[l]: (B, H, S, D); src_mask (B, S) bytes (1 = real) or NULL. PH: NULL, or
  * float16 copies laid out as P (NULL entries: read the float32 matrix).
  * Returns 0, or -1 for a bad position or rows, -2 when memory runs out. */
@@ -389,11 +389,12 @@ static inline float log_sigmoid(float x) { return fminf(x, 0.0f) - log1pf(expf(-
  *   out = logaddexp(log sigmoid(g) + out, log sigmoid(-g) + log(copy mass of the token)).
  * keys, memory: (B, S, C); wq: (C, C) as MLX stores a Linear (out, in); wg: (2C,).
  * slot: (B, S), the index of position i's token among its input's distinct copyable tokens,
- * -1 where it may not be copied; tokens: (B, U), those distinct tokens, -1 after the last.
+ * -1 where it may not be copied; tokens: (B, U), those distinct tokens, -1 after the last;
+ * nothing_to_copy: the gate logit of an input with no copyable token (pointer.py's constant).
  * Returns 0, -1 for bad sizes, -2 when memory runs out. */
 int b2b_copy_mix(int R, int B, int C, int S, int V, int U, const float *h, const float *wq, const float *bq,
                  const float *keys, const float *memory, const float *wg, float bg, const int *slot,
-                 const int *tokens, float *out) {
+                 const int *tokens, float nothing_to_copy, float *out) {
     if (B < 1 || R < B || R % B || C < 1 || S < 1 || V < 1 || U < 0) return -1;
     const int beams = R / B;
     int status = 0;
@@ -427,8 +428,7 @@ int b2b_copy_mix(int R, int B, int C, int S, int V, int U, const float *h, const
             for (int c = 0; c < C; c++) ctx[c] += w * mi[c];
             mass[sl[i]] += w;
         }
-        /* Nothing to copy: the whole distribution comes from the vocabulary (pointer.py's _NOTHING_TO_COPY). */
-        const float g = sum > 0.0f ? dot(wg, x, C) + dot(wg + C, ctx, C) + bg : 50.0f;
+        const float g = sum > 0.0f ? dot(wg, x, C) + dot(wg + C, ctx, C) + bg : nothing_to_copy;
         const float from_vocab = log_sigmoid(g), from_copy = log_sigmoid(-g);
         for (int v = 0; v < V; v++) row[v] += from_vocab;
         for (int j = 0; j < U && tok[j] >= 0; j++) {

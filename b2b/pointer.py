@@ -138,7 +138,7 @@ class CopyMixer:
         """Mix in place and return `log_probs` (R, V) (C-contiguous float32) for final decoder
         states h (R, C): in C on MLX's CPU backend (cpu_step.copy_mix), else in NumPy."""
         h = np.ascontiguousarray(h, dtype=np.float32)
-        args = (self.wq, self.bq, self.keys, self.memory, self.wg, self.bg, self.slot, self.tokens)
+        args = (self.wq, self.bq, self.keys, self.memory, self.wg, self.bg, self.slot, self.tokens, _NOTHING_TO_COPY)
         if not self._mix_in_c(log_probs, h, *args):
             self._mix_numpy(log_probs, h)
         return log_probs
