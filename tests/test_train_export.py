@@ -41,3 +41,32 @@ def test_export_and_training_accept_the_precision_aliases_of_the_library(tmp_pat
     s = parse_settings(FinetuneSettings, ["--data", "x.jsonl", "--out", str(tmp_path / "run"), "--save-dtype", "BF16"])
     assert s.save_dtype == "bfloat16"
     assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "o2"), "--dtype", "int4"]) == 2
+
+
+def test_export_averages_checkpoints_weights_and_says_so_on_the_card(tmp_path, tiny_config, tokenizer):
+    import dataclasses
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from b2b import Bert2Bert
+
+    paths = []
+    for seed in (1, 2, 3):
+        mx.random.seed(seed)
+        paths.append(save_checkpoint(Bert2Bert(tiny_config), tokenizer, str(tmp_path / "run" / "checkpoints" / f"step_{seed:07d}")))
+    out = tmp_path / "avg"
+
+    assert export_main(["--checkpoint", paths[2], "--average", paths[0], paths[1], "--out", str(out), "--dtype", "float32"]) == 0
+
+    got = dict(tree_flatten(load_checkpoint(str(out))[0].parameters()))
+    each = [dict(tree_flatten(load_checkpoint(p)[0].parameters())) for p in paths]
+    for name in ("encoder.layers.0.self_attn.query.weight", "decoder.layers.1.cross_attn.out.weight"):
+        assert not mx.allclose(each[0][name], each[1][name])  # the seeds gave different weights
+        assert mx.allclose(got[name], (each[0][name] + each[1][name] + each[2][name]) / 3, atol=1e-6)
+    assert "the mean of 3 checkpoints' (step_0000003, step_0000001, step_0000002)" in (out / "MODEL_CARD.md").read_text()
+
+    other = dataclasses.replace(tiny_config, ffn_size=tiny_config.ffn_size * 2)
+    odd = save_checkpoint(Bert2Bert(other), tokenizer, str(tmp_path / "odd"))
+    assert export_main(["--checkpoint", paths[0], "--average", odd, "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()

@@ -1,7 +1,7 @@
 """Package a run checkpoint for shipping: smaller weights (int8 / float16) and a model card.
 
     python -m train.export --checkpoint logs/cnndm-minilm/checkpoints/step_0001000 \\
-        --out demo/checkpoint --dtype int8
+        --out demo/checkpoint --dtype int8 [--average OTHER_CHECKPOINT ...]
 
 The card is built from what the run recorded (settings.json, trainer_state.json, metrics and
 any `eval_*.json` reports written by `train.evaluate` in the checkpoint folder)."""
@@ -14,7 +14,10 @@ import logging
 import os
 import sys
 
-from b2b import dtype_name, load_checkpoint, runtime_info, save_checkpoint
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from b2b import Bert2Bert, Tokenizer, dtype_name, load_checkpoint, runtime_info, save_checkpoint
 
 from .checkpoints import STATE, TrainerState
 from .command import setup_logging
@@ -30,8 +33,28 @@ CREDITS = """## Credits and licences
 """
 
 
-def model_card(ckpt: str, dtype: str) -> str:
-    """Markdown describing how the checkpoint was made and how well it does."""
+def average_checkpoints(paths: list[str]) -> tuple[Bert2Bert, Tokenizer]:
+    """The element-wise mean of the weights of `paths` (same architecture), with the first's
+    tokenizer. Averaging the last few saves of a run smooths the noise of the final updates
+    (Vaswani et al. 2017 averaged their last 5 to 20 checkpoints)."""
+    if not paths:
+        raise ValueError("No checkpoints to average.")
+    model, tokenizer = load_checkpoint(paths[0], dtype="float32")
+    total = dict(tree_flatten(model.parameters()))
+    for path in paths[1:]:
+        other, _ = load_checkpoint(path, dtype="float32")
+        if other.config != model.config:
+            raise ValueError(f"{path} has another architecture than {paths[0]} (config.json differs): cannot average them.")
+        for name, w in tree_flatten(other.parameters()):
+            total[name] = total[name] + w
+    model.load_weights([(name, w / len(paths)) for name, w in total.items()])
+    mx.eval(model.parameters())
+    return model, tokenizer
+
+
+def model_card(ckpt: str, dtype: str, averaged: list[str] | None = None) -> str:
+    """Markdown describing how the checkpoint was made and how well it does; `averaged` lists
+    the other checkpoints whose weights were averaged with `ckpt`'s."""
     state = TrainerState.load(ckpt) if os.path.isfile(os.path.join(ckpt, STATE)) else TrainerState()
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
     settings = {}
@@ -60,6 +83,11 @@ def model_card(ckpt: str, dtype: str) -> str:
                                            "max_source_len", "max_target_len", "label_smoothing", "dropout", "seed")
             if k in settings
         ),
+    ]
+    if averaged:
+        names = ", ".join(os.path.basename(os.path.normpath(p)) for p in [ckpt, *averaged])
+        lines.append(f"- Weights: the mean of {len(averaged) + 1} checkpoints' ({names}); the figures above are {os.path.basename(os.path.normpath(ckpt))}'s")
+    lines += [
         "",
         "## Results",
     ]
@@ -90,14 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="demo/checkpoint")
     p.add_argument("--dtype", default="int8", help="float32, float16, bfloat16 or int8 (aliases: fp16, bf16, ...)")
     p.add_argument("--notes", help="a Markdown file appended to the card (limitations, known problems)")
+    p.add_argument("--average", nargs="+", default=[], metavar="CHECKPOINT",
+                   help="average these checkpoints' weights with --checkpoint's (e.g. the run's previous saves); "
+                        "the card's eval reports are the eval_*.json in --checkpoint's folder, so score the average first")
     a = p.parse_args(argv)
     try:
         a.dtype = dtype_name(a.dtype)
-        card = model_card(a.checkpoint, a.dtype)
+        card = model_card(a.checkpoint, a.dtype, a.average)
         if a.notes:
             with open(a.notes, encoding="utf-8") as f:
                 card += "\n" + f.read()
-        model, tokenizer = load_checkpoint(a.checkpoint)
+        model, tokenizer = average_checkpoints([a.checkpoint, *a.average]) if a.average else load_checkpoint(a.checkpoint)
     except (ValueError, OSError) as e:
         log.error("%s", e)
         return 2
