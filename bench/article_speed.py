@@ -8,8 +8,6 @@ the same decoding path. Each (checkpoint, beams) row decodes one article first t
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 import time
 
@@ -17,22 +15,18 @@ import b2b  # noqa: F401 - preloads the BLAS before mlx.core
 import mlx.core as mx
 from mlx.utils import tree_map
 
-
-def _articles(path: str, n: int) -> list[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line)["article"] for _, line in zip(range(n), f)]
+from train.data import load_summarization_pairs
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--data", default="../shared/data/cnndm/val.jsonl.gz", help="JSONL(.GZ) with an article field")
+    p.add_argument("--data", default="../shared/data/cnndm/val.jsonl.gz", help="a file train.evaluate reads (JSONL(.GZ)/CSV with an article field)")
     p.add_argument("--articles", type=int, default=8)
     p.add_argument("--beams", default="1,4")
     p.add_argument("--max-source-length", type=int, default=320)
     a = p.parse_args(argv)
-    articles = _articles(a.data, a.articles)
+    articles = load_summarization_pairs(a.data, split="validation", limit=a.articles).articles
     print(f"{'checkpoint':40} {'beams':>5} {'s/article':>10} {'tokens/s':>9}")
     for path in a.checkpoints:
         model, tok = b2b.load_checkpoint(path)

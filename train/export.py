@@ -52,16 +52,15 @@ def average_checkpoints(paths: list[str]) -> tuple[Bert2Bert, Tokenizer]:
     return model, tokenizer
 
 
-def model_card(ckpt: str, dtype: str, averaged: list[str] | None = None) -> str:
-    """Markdown describing how the checkpoint was made and how well it does; `averaged` lists
-    the other checkpoints whose weights were averaged with `ckpt`'s."""
+def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | None = None) -> str:
+    """Markdown describing how `model`, loaded from `ckpt`, was made and how well it does;
+    `averaged` lists the other checkpoints whose weights were averaged with `ckpt`'s."""
     state = TrainerState.load(ckpt) if os.path.isfile(os.path.join(ckpt, STATE)) else TrainerState()
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
     settings = {}
     if os.path.isfile(os.path.join(run_dir, "settings.json")):
         with open(os.path.join(run_dir, "settings.json")) as f:
             settings = json.load(f)
-    model, _ = load_checkpoint(ckpt)
     cfg = model.config
     pointer = ", with a pointer-generator (See et al. 2017) that copies source tokens" if cfg.pointer_generator else ""
     lines = [
@@ -124,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         a.dtype = dtype_name(a.dtype)
-        card = model_card(a.checkpoint, a.dtype, a.average)
+        model, tokenizer = average_checkpoints([a.checkpoint, *a.average]) if a.average else load_checkpoint(a.checkpoint)
+        card = model_card(a.checkpoint, model, a.dtype, a.average)
         if a.notes:
             with open(a.notes, encoding="utf-8") as f:
                 card += "\n" + f.read()
-        model, tokenizer = average_checkpoints([a.checkpoint, *a.average]) if a.average else load_checkpoint(a.checkpoint)
     except (ValueError, OSError) as e:
         log.error("%s", e)
         return 2
