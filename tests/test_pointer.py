@@ -53,7 +53,7 @@ def test_training_loss_is_the_mixture_nll(tiny_config, fused, monkeypatch):
     monkeypatch.setenv("B2B_CPU_VOCAB_LOSS", fused)
     model = _pointer_model(tiny_config, seed=1)
     src, mask, tgt = _batch()
-    loss, (_, n) = seq2seq_loss(model, src, mask, tgt)
+    loss, (_, n, _) = seq2seq_loss(model, src, mask, tgt)
     lp = np.array(model.log_probs(src, mask, tgt[:, :-1]))
     labels = np.array(tgt[:, 1:])
     picked = np.take_along_axis(lp, labels[..., None], axis=-1)[..., 0]
@@ -73,6 +73,32 @@ def test_label_nll_without_copy_mass_is_the_vocab_share():
     both = label_nll(vocab_nll, weights, gate, mx.array([[9, 9]]), mx.array([[9]]))
     want = -np.logaddexp(float(nn.log_sigmoid(gate)[0, 0]) - 2.0, float(nn.log_sigmoid(-gate)[0, 0]))
     assert abs(float(both[0, 0]) - want) < 1e-5
+
+
+def test_coverage_loss_charges_returning_attention_only():
+    from train.losses import coverage_rows
+
+    # Steps attending to new positions cost nothing; returning to position 0 costs what it
+    # gives there, up to what position 0 already had.
+    fresh = mx.array([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])
+    assert np.allclose(np.array(coverage_rows(fresh)), 0.0)
+    back = mx.array([[[0.6, 0.4, 0.0], [0.0, 0.5, 0.5], [0.9, 0.1, 0.0]]])
+    # step 2: min(0.5, 0.4) at position 1; step 3: min(0.9, 0.6) + min(0.1, 0.9).
+    assert np.allclose(np.array(coverage_rows(back)), [[0.0, 0.4, 0.7]])
+
+
+def test_coverage_weight_adds_the_coverage_loss_and_trains_the_pointer(tiny_config):
+    from train.losses import seq2seq_loss
+
+    model = _pointer_model(tiny_config, seed=1)
+    src, mask, tgt = _batch()
+    plain, (nll, _, covered) = seq2seq_loss(model, src, mask, tgt)
+    both, (nll2, _, covered2) = seq2seq_loss(model, src, mask, tgt, coverage=0.5)
+    assert float(covered) > 0 and abs(float(plain) - float(nll)) < 1e-6
+    assert abs(float(both) - (float(nll2) + 0.5 * float(covered2))) < 1e-5
+    only_coverage = lambda m, *a: seq2seq_loss(m, *a, coverage=1.0)[0] - seq2seq_loss(m, *a)[0]  # noqa: E731
+    _, grads = nn.value_and_grad(model, only_coverage)(model, src, mask, tgt)
+    assert np.abs(np.array(grads["pointer"]["query"]["weight"])).max() > 0
 
 
 def test_gradients_reach_the_pointer(tiny_config):

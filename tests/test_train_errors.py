@@ -150,6 +150,7 @@ def test_pretrain_stops_on_exploding_lr(tmp_path, caplog):
         ("--eval-every", "-5", "--eval-every and --save-every cannot be negative"),
         ("--keep-last", "0", "--keep-last must be at least 1"),
         ("--max-bad-steps", "0", "--max-bad-steps must be at least 1."),
+        ("--coverage", "-1", "--coverage must be >= 0"),
     ],
 )
 def test_impossible_settings_are_refused_by_the_parser(tmp_path, capsys, flag, value, message):
@@ -206,3 +207,19 @@ def test_skipped_pairs_are_reported_once(tmp_path, caplog, tokenizer):
     caplog.set_level("INFO")
     SummarizationTask(FinetuneSettings(data=data, max_source_len=32, max_target_len=16), tokenizer, 512)
     assert sum("Skipped 2 pairs" in r.getMessage() for r in caplog.records) == 1, caplog.text
+
+
+def test_coverage_without_a_pointer_is_refused(tmp_path, caplog):
+    rc = finetune.main(SMALL + ["--data", TOK_DATA, "--out", str(tmp_path / "run"), "--max-steps", "2", "--coverage", "1"])
+    assert rc != 0
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "add --pointer-generator" in errors[0], caplog.text
+
+
+def test_coverage_run_logs_both_parts_of_its_loss(tmp_path):
+    out = tmp_path / "run"
+    rc = finetune.main(SMALL + ["--data", TOK_DATA, "--out", str(out), "--max-steps", "2", "--pointer-generator", "--coverage", "1"])
+    assert rc == 0
+    tags = {tag: series[-1][1] for tag, series in read_metrics(out / "metrics.jsonl").items()}
+    assert tags["train/coverage"] > 0
+    assert abs(tags["train/loss"] - (tags["train/nll"] + tags["train/coverage"])) < 1e-3

@@ -68,5 +68,5 @@ def test_seq2seq_loss_falls_when_overfitting_one_batch(tiny_model, tokenizer, cn
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.5 * losses[0], losses
     # Padding is not scored: the reported token count is the real labels of tgt[:, 1:].
-    _, (_, n) = seq2seq_loss(tiny_model, *arrays)
+    _, (_, n, _) = seq2seq_loss(tiny_model, *arrays)
     assert n.item() == int((tgt[:, 1:] != 0).sum())

@@ -48,6 +48,7 @@ class FinetuneSettings(TrainSettings):
     share: bool = field(default=False, metadata={"help": "BERTShare: the decoder reuses the encoder's weights"})
     pointer_generator: bool = field(default=False, metadata={"help": "add a pointer-generator (copying source tokens, See et al. 2017) to a model that has none; its copy attention starts from the last cross-attention"})
     label_smoothing: float = 0.0
+    coverage: float = field(default=0.0, metadata={"help": "weight of See et al.'s coverage loss on the pointer's copy attention (pointer-generator models; 0: off; they used 1)"})
     val_examples: int = field(default=200, metadata={"help": "validation pairs for val/loss"})
     rouge_examples: int = field(default=50, metadata={"help": "validation articles summarized for ROUGE (0: none)"})
     eval_num_beams: int = 1
@@ -58,6 +59,8 @@ class FinetuneSettings(TrainSettings):
 
     def validate(self) -> None:
         super().validate()
+        if self.coverage < 0:
+            raise ValueError(f"--coverage must be >= 0 (0: off), got {self.coverage}.")
         if self.rouge_examples < 0 or self.val_examples < 1:
             raise ValueError("--rouge-examples must be >= 0 and --val-examples >= 1.")
         if self.limit < 0:
@@ -78,7 +81,7 @@ class FinetuneSettings(TrainSettings):
 class SummarizationTask:
     name = "summarization"
     higher_is_better = True
-    aux_counts = (1,)  # seq2seq_loss: (loss, scored tokens)
+    aux_counts = (1,)  # seq2seq_loss: (token NLL, scored tokens, coverage loss)
 
     def __init__(self, s: FinetuneSettings, tokenizer: Tokenizer, max_positions: int):
         self.s, self.tok = s, tokenizer
@@ -108,6 +111,8 @@ class SummarizationTask:
 
     def prepare(self, model: Bert2Bert) -> None:
         """Summarization trains every weight."""
+        if self.s.coverage and "pointer" not in model:
+            raise ValueError("--coverage is a loss on the pointer's copy attention: add --pointer-generator (or start from a pointer model).")
         model.unfreeze()
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
@@ -132,10 +137,11 @@ class SummarizationTask:
         return Batch((src, mask, tgt), int(mask.sum() + (tgt != self.tok.pad_id).sum()), len(rows))
 
     def loss(self, model: Bert2Bert, src, mask, tgt):
-        return seq2seq_loss(model, src, mask, tgt, self.s.label_smoothing)
+        return seq2seq_loss(model, src, mask, tgt, self.s.label_smoothing, self.s.coverage)
 
     def train_metrics(self, aux) -> dict[str, float]:
-        return {}
+        # With a coverage loss, train/loss is the sum: its two parts are logged apart.
+        return {"train/nll": float(aux[0]), "train/coverage": float(aux[2])} if self.s.coverage else {}
 
     def evaluate(self, model: Bert2Bert, step: int, writer: MetricWriter) -> dict[str, float]:
         total, count = 0.0, 0.0
@@ -144,7 +150,7 @@ class SummarizationTask:
         for start in range(0, n_val, self.s.batch_size):
             rows = order[start : start + self.s.batch_size]
             src, mask, tgt = (mx.array(a) for a in self._collate(self.val, rows))
-            _, (loss, n) = seq2seq_loss(model, src, mask, tgt)  # no smoothing: comparable losses
+            _, (loss, n, _) = seq2seq_loss(model, src, mask, tgt)  # no smoothing, no coverage: comparable losses
             total += loss.item() * n.item()
             count += n.item()
         metrics = {"val/loss": total / max(count, 1.0)}

@@ -60,10 +60,13 @@ def seq2seq_loss(
     src_mask: mx.array,
     tgt: mx.array,
     label_smoothing: float = 0.0,
+    coverage: float = 0.0,
 ) -> tuple[mx.array, tuple[mx.array, ...]]:
     """Teacher-forced summary loss: decoder input tgt[:, :-1], labels tgt[:, 1:], padding
-    ignored. Returns (loss, (loss, scored tokens)). A scored label outside the vocabulary is an
-    error on the CPU (the fused kernel checks; the logits path would read past the row)."""
+    ignored. Returns (loss, (token NLL, scored tokens, coverage loss)); the loss is the NLL plus
+    `coverage` x the coverage loss (pointer models only, else 0). A scored label outside the
+    vocabulary is an error on the CPU (the fused kernel checks; the logits path would read past
+    the row)."""
     dec_in, labels = tgt[:, :-1], tgt[:, 1:]
     weights = (labels != model.config.pad_id).astype(mx.float32).reshape(-1)
     memory = model.encode(src, src_mask)
@@ -75,14 +78,29 @@ def seq2seq_loss(
     rows = cpu_ops.vocab_loss(features, matrix, bias, flat_labels, weights, label_smoothing)
     if rows is None:
         rows = _logits_nll(model, h, flat_labels, label_smoothing)
+    n = weights.sum()
+    covered = mx.array(0.0)
     if "pointer" in model:
         # The label's probability mixes the vocabulary's with its copy mass in the source
         # (label smoothing, if any, stays on the vocabulary part).
         copy_weights, gate = model.point(h3, memory, src)
         rows = label_nll(rows.reshape(labels.shape), copy_weights, gate, src, labels).reshape(-1)
-    n = weights.sum()
-    loss = (rows * weights).sum() / mx.maximum(n, 1.0)
-    return loss, (loss, n)
+        covered = (coverage_rows(copy_weights).reshape(-1) * weights).sum() / mx.maximum(n, 1.0)
+    nll = (rows * weights).sum() / mx.maximum(n, 1.0)
+    loss = nll + coverage * covered if coverage else nll
+    return loss, (nll, n, covered)
+
+
+def coverage_rows(copy_weights: mx.array) -> mx.array:
+    """See et al.'s coverage loss per target step (B, T) from copy weights (B, T, S):
+    sum_i min(a_t[i], c_t[i]), where the coverage c_t = a_1 + ... + a_{t-1} is the attention
+    the pointer already gave each source position. It is 0 while the pointer attends to
+    new positions and grows when it returns to one: repeated copying costs, new copying
+    does not. (Here it is a loss only; the attention does not see c_t, so decoding is
+    unchanged.)"""
+    copy_weights = copy_weights.astype(mx.float32)
+    cover = mx.cumsum(copy_weights, axis=1) - copy_weights  # (B, T, S): before step t
+    return mx.minimum(copy_weights, cover).sum(axis=-1)
 
 
 def _logits_nll(model: Bert2Bert, h: mx.array, labels: mx.array, label_smoothing: float) -> mx.array:
