@@ -79,7 +79,7 @@ def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | No
         f"- Data: {settings.get('data', '?')} (validation: {settings.get('val_data') or 'held out'})",
         "- Settings: " + ", ".join(
             f"{k}={settings[k]}" for k in ("batch_size", "grad_accum", "lr", "warmup_steps", "schedule", "max_steps",
-                                           "max_source_len", "max_target_len", "label_smoothing", "dropout", "seed")
+                                           "max_source_len", "max_target_len", "label_smoothing", "coverage", "dropout", "seed")
             if k in settings
         ),
     ]
