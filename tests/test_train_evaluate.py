@@ -61,6 +61,19 @@ def test_default_report_names_the_article_count(tiny_checkpoint, capsys):
     assert first3["n"] == 3
 
 
+def test_skip_scores_the_articles_after_the_first(tiny_checkpoint, caplog):
+    common = ["--checkpoint", tiny_checkpoint, "--data", str(FIXTURES / "cnndm_sample.jsonl"), "--max-length", "4"]
+    assert evaluate.main(common + ["--skip", "2", "--limit", "2"]) == 0
+    report_path = pathlib.Path(tiny_checkpoint) / "eval_cnndm_sample_from3_2_beam1.csv"
+    with open(report_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    pairs = load_summarization_pairs(str(FIXTURES / "cnndm_sample.jsonl"), limit=4)
+    assert [r["reference"] for r in rows] == pairs.summaries[2:4]
+    available = len(load_summarization_pairs(str(FIXTURES / "cnndm_sample.jsonl")))
+    assert evaluate.main(common + ["--skip", str(available)]) == 2
+    assert f"--skip {available} leaves no articles" in caplog.text
+
+
 def test_evaluate_cli_reports_a_missing_checkpoint(tmp_path, caplog):
     rc = evaluate.main(["--checkpoint", str(tmp_path / "none"), "--data", str(FIXTURES / "cnndm_sample.jsonl"), "--limit", "2"])
     assert rc != 0

@@ -110,10 +110,12 @@ def _means(r) -> dict[str, float]:
     return {"rouge1": round(r.rouge1, 2), "rouge2": round(r.rouge2, 2), "rougeLsum": round(r.rougeLsum, 2)}
 
 
-def _default_report_path(checkpoint: str, data: str, limit: int, num_beams: int) -> str:
-    """eval_<data>_<first N | all>_beam<K>.json in the checkpoint folder: a quick run on a few
-    articles must not overwrite the report of a long one (the app and export read eval_*.json)."""
+def _default_report_path(checkpoint: str, data: str, limit: int, num_beams: int, skip: int = 0) -> str:
+    """eval_<data>_<first N | all | from M>_beam<K>.json in the checkpoint folder: a quick run on a
+    few articles must not overwrite the report of a long one (the app and export read eval_*.json)."""
     articles = f"first{limit}" if limit else "all"
+    if skip:
+        articles = f"from{skip + 1}" + (f"_{limit}" if limit else "")
     return os.path.join(checkpoint, f"eval_{os.path.basename(data).split('.')[0]}_{articles}_beam{num_beams}.json")
 
 
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--article-field", default="article")
     p.add_argument("--summary-field", default="highlights")
     p.add_argument("--limit", type=int, default=1000, help="first N articles (0: all)")
+    p.add_argument("--skip", type=int, default=0, help="start after the first N articles (e.g. --skip 1000 --limit 1000: articles 1,001-2,000)")
     p.add_argument("--num-beams", type=int, default=1)
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--min-length", type=int, default=0)
@@ -140,8 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from tqdm import tqdm
 
+        if a.skip < 0 or a.limit < 0:
+            raise ValueError(f"--skip and --limit cannot be negative (got {a.skip} and {a.limit}).")
         model, tokenizer = load_checkpoint(a.checkpoint)
-        data = load_summarization_pairs(a.data, a.article_field, a.summary_field, split=a.split, limit=a.limit or None)
+        data = load_summarization_pairs(a.data, a.article_field, a.summary_field, split=a.split, limit=(a.skip + a.limit) or None)
+        if a.skip:
+            if a.skip >= len(data):
+                raise ValueError(f"--skip {a.skip} leaves no articles: {data.source} has {len(data)} usable pairs.")
+            data.articles, data.summaries = data.articles[a.skip :], data.summaries[a.skip :]
         bar = tqdm(total=len(data), desc="summarizing", dynamic_ncols=True)
         report = evaluate_rouge(
             model, tokenizer, data.articles, data.summaries, a.batch_size,
@@ -155,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         log.error("%s", e)
         return 2
-    report.settings.update(checkpoint=os.path.abspath(a.checkpoint), data=a.data, limit=a.limit)
+    report.settings.update(checkpoint=os.path.abspath(a.checkpoint), data=a.data, limit=a.limit, skip=a.skip)
     print(report.table())
-    out = a.out or _default_report_path(a.checkpoint, a.data, a.limit, a.num_beams)
+    out = a.out or _default_report_path(a.checkpoint, a.data, a.limit, a.num_beams, a.skip)
     try:
         with open(out, "w") as f:
             json.dump(report.to_dict(), f, indent=2)
