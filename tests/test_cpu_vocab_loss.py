@@ -109,10 +109,10 @@ def test_summary_loss_uses_it_and_matches(monkeypatch, smoothing):
     calls = []
     real = cpu_ops.vocab_loss
     monkeypatch.setattr(cpu_ops, "vocab_loss", lambda *a: calls.append(1) or real(*a))
-    (fused, (_, n_fused)), g_fused = step(model)
+    (fused, (_, n_fused, _)), g_fused = step(model)
     assert calls
     monkeypatch.setenv("B2B_CPU_VOCAB_LOSS", "0")
-    (plain, (_, n_plain)), g_plain = step(model)
+    (plain, (_, n_plain, _)), g_plain = step(model)
     assert n_fused.item() == n_plain.item() == 8 + 5
     assert abs(fused.item() - plain.item()) <= 1e-5 * abs(plain.item())
     for (name, g), (_, r) in zip(tree_flatten(g_fused), tree_flatten(g_plain)):
