@@ -94,7 +94,8 @@ def test_coverage_weight_adds_the_coverage_loss_and_trains_the_pointer(tiny_conf
     src, mask, tgt = _batch()
     plain, (nll, _, covered) = seq2seq_loss(model, src, mask, tgt)
     both, (nll2, _, covered2) = seq2seq_loss(model, src, mask, tgt, coverage=0.5)
-    assert float(covered) > 0 and abs(float(plain) - float(nll)) < 1e-6
+    assert float(covered) == 0 and abs(float(plain) - float(nll)) < 1e-6  # not formed when not trained
+    assert float(covered2) > 0
     assert abs(float(both) - (float(nll2) + 0.5 * float(covered2))) < 1e-5
     only_coverage = lambda m, *a: seq2seq_loss(m, *a, coverage=1.0)[0] - seq2seq_loss(m, *a)[0]  # noqa: E731
     _, grads = nn.value_and_grad(model, only_coverage)(model, src, mask, tgt)

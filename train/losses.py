@@ -64,9 +64,9 @@ def seq2seq_loss(
 ) -> tuple[mx.array, tuple[mx.array, ...]]:
     """Teacher-forced summary loss: decoder input tgt[:, :-1], labels tgt[:, 1:], padding
     ignored. Returns (loss, (token NLL, scored tokens, coverage loss)); the loss is the NLL plus
-    `coverage` x the coverage loss (pointer models only, else 0). A scored label outside the
-    vocabulary is an error on the CPU (the fused kernel checks; the logits path would read past
-    the row)."""
+    `coverage` x the coverage loss (formed for pointer models with `coverage` > 0, else 0). A
+    scored label outside the vocabulary is an error on the CPU (the fused kernel checks; the
+    logits path would read past the row)."""
     dec_in, labels = tgt[:, :-1], tgt[:, 1:]
     weights = (labels != model.config.pad_id).astype(mx.float32).reshape(-1)
     memory = model.encode(src, src_mask)
@@ -79,16 +79,16 @@ def seq2seq_loss(
     if rows is None:
         rows = _logits_nll(model, h, flat_labels, label_smoothing)
     n = weights.sum()
-    covered = mx.array(0.0)
+    covered = mx.array(0.0)  # formed only when it is trained: not in every pointer model's step
     if "pointer" in model:
         # The label's probability mixes the vocabulary's with its copy mass in the source
         # (label smoothing, if any, stays on the vocabulary part).
         copy_weights, gate = model.point(h3, memory, src)
         rows = label_nll(rows.reshape(labels.shape), copy_weights, gate, src, labels).reshape(-1)
-        covered = (coverage_rows(copy_weights).reshape(-1) * weights).sum() / mx.maximum(n, 1.0)
+        if coverage:
+            covered = (coverage_rows(copy_weights).reshape(-1) * weights).sum() / mx.maximum(n, 1.0)
     nll = (rows * weights).sum() / mx.maximum(n, 1.0)
-    loss = nll + coverage * covered if coverage else nll
-    return loss, (nll, n, covered)
+    return nll + coverage * covered, (nll, n, covered)
 
 
 def coverage_rows(copy_weights: mx.array) -> mx.array:
