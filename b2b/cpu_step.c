@@ -391,10 +391,11 @@ static inline float log_sigmoid(float x) { return fminf(x, 0.0f) - log1pf(expf(-
  * slot: (B, S), the index of position i's token among its input's distinct copyable tokens,
  * -1 where it may not be copied; tokens: (B, U), those distinct tokens, -1 after the last;
  * nothing_to_copy: the gate logit of an input with no copyable token (pointer.py's constant).
+ * attn_out: NULL, or (R, S) to receive the copy weights a (beam search's coverage penalty).
  * Returns 0, -1 for bad sizes, -2 when memory runs out. */
 int b2b_copy_mix(int R, int B, int C, int S, int V, int U, const float *h, const float *wq, const float *bq,
                  const float *keys, const float *memory, const float *wg, float bg, const int *slot,
-                 const int *tokens, float nothing_to_copy, float *out) {
+                 const int *tokens, float nothing_to_copy, float *out, float *attn_out) {
     if (B < 1 || R < B || R % B || C < 1 || S < 1 || V < 1 || U < 0) return -1;
     const int beams = R / B;
     int status = 0;
@@ -427,6 +428,10 @@ int b2b_copy_mix(int R, int B, int C, int S, int V, int U, const float *h, const
             const float w = a[i] / sum, *mi = M + (size_t)i * C;
             for (int c = 0; c < C; c++) ctx[c] += w * mi[c];
             mass[sl[i]] += w;
+        }
+        if (attn_out) {  /* the copy weights (R, S), for beam search's coverage penalty */
+            float *ar = attn_out + (size_t)r * S;
+            for (int i = 0; i < S; i++) ar[i] = a[i] > 0.0f ? a[i] / sum : 0.0f;
         }
         const float g = sum > 0.0f ? dot(wg, x, C) + dot(wg + C, ctx, C) + bg : nothing_to_copy;
         const float from_vocab = log_sigmoid(g), from_copy = log_sigmoid(-g);

@@ -46,7 +46,7 @@ def _library() -> ctypes.CDLL | None:
                                         ptrs, ptrs, ptrs, ptrs, ctypes.c_int, ctypes.POINTER(ctypes.c_ubyte),
                                         ctypes.c_int, _F32P, _F32P]
         lib.b2b_decode_step.restype = ctypes.c_int
-        lib.b2b_copy_mix.argtypes = [ctypes.c_int] * 6 + [_F32P] * 6 + [ctypes.c_float, ints, ints, ctypes.c_float, _F32P]
+        lib.b2b_copy_mix.argtypes = [ctypes.c_int] * 6 + [_F32P] * 6 + [ctypes.c_float, ints, ints, ctypes.c_float, _F32P, _F32P]
         lib.b2b_copy_mix.restype = ctypes.c_int
         lib.b2b_reorder.argtypes = [ints, ctypes.c_int, ints, ctypes.c_int, ptrs, ptrs]
         lib.b2b_reorder.restype = ctypes.c_int
@@ -77,10 +77,12 @@ def applies(model: Bert2Bert) -> bool:
 
 
 def copy_mix(out: np.ndarray, h: np.ndarray, wq: np.ndarray, bq: np.ndarray, keys: np.ndarray, memory: np.ndarray,
-             wg: np.ndarray, bg: float, slot: np.ndarray, tokens: np.ndarray, nothing_to_copy: float) -> bool:
+             wg: np.ndarray, bg: float, slot: np.ndarray, tokens: np.ndarray, nothing_to_copy: float,
+             weights: np.ndarray | None = None) -> bool:
     """The pointer-generator's mixing of one step in C (cpu_step.c's b2b_copy_mix; the
     arguments are pointer.CopyMixer's, all C-contiguous float32 / int32): `out` (R, V) is
-    changed in place. False, with nothing changed, where the C step is not available."""
+    changed in place, and `weights` (R, S), when given, receives the copy weights. False, with
+    nothing changed, where the C step is not available."""
     if not available():
         return False
     R, V = out.shape
@@ -88,7 +90,8 @@ def copy_mix(out: np.ndarray, h: np.ndarray, wq: np.ndarray, bq: np.ndarray, key
     f = lambda a: a.ctypes.data_as(_F32P)  # noqa: E731
     i = lambda a: a.ctypes.data_as(ctypes.POINTER(ctypes.c_int))  # noqa: E731
     status = _library().b2b_copy_mix(R, B, C, S, V, tokens.shape[1], f(h), f(wq), f(bq), f(keys), f(memory), f(wg),
-                                     float(bg), i(slot), i(tokens), float(nothing_to_copy), f(out))
+                                     float(bg), i(slot), i(tokens), float(nothing_to_copy), f(out),
+                                     None if weights is None else f(weights))
     if status == -2:
         raise MemoryError("Out of memory in a decoding step.")
     if status != 0:

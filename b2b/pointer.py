@@ -109,9 +109,10 @@ class CopyMixer:
     the source's copy keys are projected once per input; each step turns the vocabulary's
     log-probabilities (R, V) and the decoder's final states (R, C) into the mixture's
     log-probabilities, touching only the tokens the source holds. Row r belongs to input
-    r // beams."""
+    r // beams. With `keep_weights`, each step's copy weights (R, S) are left in `weights`
+    (beam search's coverage penalty reads them)."""
 
-    def __init__(self, model, memory: mx.array, src_ids: mx.array, beams: int):
+    def __init__(self, model, memory: mx.array, src_ids: mx.array, beams: int, keep_weights: bool = False):
         from . import cpu_step  # (cpu_step imports the model, which imports this module)
 
         self._mix_in_c = cpu_step.copy_mix
@@ -124,6 +125,8 @@ class CopyMixer:
         ids = np.asarray(src_ids)
         allowed = np.asarray(copyable(src_ids, model.config))
         self.beams = beams
+        self.keep_weights = keep_weights
+        self.weights: np.ndarray | None = None
         # Per input: its distinct copyable tokens (B, U) (-1 after the last), and which of them
         # each position holds (B, S) (-1: not copyable).
         found = [np.unique(ids[b][allowed[b]], return_inverse=True) for b in range(ids.shape[0])]
@@ -138,8 +141,10 @@ class CopyMixer:
         """Mix in place and return `log_probs` (R, V) (C-contiguous float32) for final decoder
         states h (R, C): in C on MLX's CPU backend (cpu_step.copy_mix), else in NumPy."""
         h = np.ascontiguousarray(h, dtype=np.float32)
+        if self.keep_weights:
+            self.weights = np.zeros((h.shape[0], self.slot.shape[1]), np.float32)
         args = (self.wq, self.bq, self.keys, self.memory, self.wg, self.bg, self.slot, self.tokens, _NOTHING_TO_COPY)
-        if not self._mix_in_c(log_probs, h, *args):
+        if not self._mix_in_c(log_probs, h, *args, self.weights):
             self._mix_numpy(log_probs, h)
         return log_probs
 
@@ -155,6 +160,8 @@ class CopyMixer:
                 weights /= weights.sum(axis=-1, keepdims=True)
             else:
                 weights = np.zeros_like(scores)
+            if self.weights is not None:
+                self.weights[rows] = weights
             context = weights @ self.memory[b]  # (K, C)
             gate = h[rows] @ self.wg[:C] + context @ self.wg[C:] + self.bg  # (K,)
             if not allowed.any():

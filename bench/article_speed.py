@@ -25,19 +25,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--articles", type=int, default=8)
     p.add_argument("--beams", default="1,4")
     p.add_argument("--max-source-length", type=int, default=320)
+    p.add_argument("--coverage-penalties", default=str(b2b.DecodingConfig.coverage_penalty),
+                   help="beam rows for each of these coverage penalties, e.g. 0,1 (pointer models)")
     a = p.parse_args(argv)
+    penalties = [float(x) for x in a.coverage_penalties.split(",")]
     articles = load_summarization_pairs(a.data, split="validation", limit=a.articles).articles
-    print(f"{'checkpoint':40} {'beams':>5} {'s/article':>10} {'tokens/s':>9}")
+    print(f"{'checkpoint':40} {'beams':>5} {'coverage':>8} {'s/article':>10} {'tokens/s':>9}")
     for path in a.checkpoints:
         model, tok = b2b.load_checkpoint(path)
         model.update(tree_map(lambda w: w.astype(mx.float16).astype(mx.float32), model.parameters()))
-        for beams in (int(k) for k in a.beams.split(",")):
-            b2b.summarize(model, tok, articles[0], num_beams=beams, max_source_length=a.max_source_length)
+        rows = [(int(k), c) for k in a.beams.split(",") for c in (penalties if int(k) > 1 else penalties[:1])]
+        for beams, coverage in rows:
+            kw = dict(num_beams=beams, coverage_penalty=coverage, max_source_length=a.max_source_length)
+            b2b.summarize(model, tok, articles[0], **kw)
             tokens, start = 0, time.perf_counter()
             for text in articles:
-                tokens += b2b.summarize(model, tok, text, num_beams=beams, max_source_length=a.max_source_length).num_tokens
+                tokens += b2b.summarize(model, tok, text, **kw).num_tokens
             seconds = time.perf_counter() - start
-            print(f"{path[-40:]:40} {beams:5d} {seconds / len(articles):10.3f} {tokens / seconds:9.1f}", flush=True)
+            shown = f"{coverage:8g}" if beams > 1 else f"{'-':>8}"
+            print(f"{path[-40:]:40} {beams:5d} {shown} {seconds / len(articles):10.3f} {tokens / seconds:9.1f}", flush=True)
     return 0
 
 

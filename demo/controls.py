@@ -24,6 +24,7 @@ class DecodingControls:
     seed: gr.Number
     repetition_penalty: gr.Slider
     no_repeat_word: gr.Checkbox
+    coverage_penalty: gr.Slider
 
     @property
     def inputs(self) -> list:
@@ -38,7 +39,7 @@ class DecodingControls:
 
 def _visibility(strategy: str) -> list:
     beam, sample = strategy == "beam", strategy == "sampling"
-    return [gr.update(visible=beam), gr.update(visible=beam)] + [gr.update(visible=sample)] * 4
+    return [gr.update(visible=beam)] * 3 + [gr.update(visible=sample)] * 4
 
 
 def build_decoding_controls(defaults: dict, label: str = "Decoding settings", open: bool = False) -> DecodingControls:
@@ -54,6 +55,11 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             length_penalty = gr.Slider(
                 0.0, 3.0, value=d["length_penalty"], step=0.1, label="Length penalty",
                 info="Above 1 favours longer summaries.", visible=d["strategy"] == "beam",
+            )
+            coverage = gr.Slider(
+                0.0, 5.0, value=d["coverage_penalty"], step=0.25, label="Coverage penalty",
+                info="Copying models: charges a beam for going back to source words it has used; 0: off.",
+                visible=d["strategy"] == "beam",
             )
             no_repeat = gr.Slider(0, 6, value=d["no_repeat_ngram_size"], step=1, label="No-repeat n-gram size", info="0: off")
             repetition = gr.Slider(
@@ -78,10 +84,11 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             top_p = gr.Slider(0.05, 1.0, value=d["top_p"], step=0.05, label="Top-p", info="1: off", visible=sampling)
             seed = gr.Number(value=d["seed"], precision=0, label="Seed", info="-1: random", visible=sampling)
     controls = DecodingControls(
-        strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed, repetition, stutter
+        strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed, repetition, stutter,
+        coverage,
     )
     strategy.change(
-        _visibility, strategy, [num_beams, length_penalty, temperature, top_k, top_p, seed],
+        _visibility, strategy, [num_beams, length_penalty, coverage, temperature, top_k, top_p, seed],
         queue=False, show_progress="hidden", api_visibility="private",
     )
     return controls

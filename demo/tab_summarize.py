@@ -168,11 +168,12 @@ def build_api(store: CheckpointStore, concurrency: int | None = 2) -> None:
         seed: int = d["seed"],
         repetition_penalty: float = d["repetition_penalty"],
         no_repeat_word: bool = d["no_repeat_word"],
+        coverage_penalty: float = d["coverage_penalty"],
     ) -> str:
         """Summarize `text`. strategy: beam, greedy or sampling."""
         return summarize_text(
             store, text, strategy, num_beams, length_penalty, no_repeat_ngram_size,
-            min_length, max_length, temperature, top_k, top_p, seed, repetition_penalty, no_repeat_word,
+            min_length, max_length, temperature, top_k, top_p, seed, repetition_penalty, no_repeat_word, coverage_penalty,
         )
 
     gr.api(summarize_api, api_name="summarize", concurrency_limit=concurrency, concurrency_id="model")

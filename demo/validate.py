@@ -26,6 +26,7 @@ MAX_BEAMS = 16
 SUMMARIZE_DEFAULTS = dict(
     strategy="beam", num_beams=4, length_penalty=1.0, no_repeat_ngram_size=3, min_length=10,
     max_length=128, temperature=1.0, top_k=50, top_p=0.95, seed=-1, repetition_penalty=1.0, no_repeat_word=True,
+    coverage_penalty=1.0,
 )
 # ROUGE over many articles on a CPU: greedy keeps it to seconds per batch.
 EVAL_DEFAULTS = dict(SUMMARIZE_DEFAULTS, strategy="greedy", num_beams=1)
@@ -211,6 +212,7 @@ def decoding_kwargs(
     seed: object = -1,
     repetition_penalty: object = 1.0,
     no_repeat_word: object = True,
+    coverage_penalty: object = 1.0,
 ) -> dict:
     """The UI's decoding settings as `summarize()` keyword arguments, checked (BadInput)."""
     strategy = (strategy or "").strip().lower()
@@ -231,6 +233,7 @@ def decoding_kwargs(
     if strategy == "beam":
         kw["num_beams"] = _number(num_beams, "Beams", True, 1, MAX_BEAMS)
         kw["length_penalty"] = _number(length_penalty, "Length penalty", False, -5, 5)
+        kw["coverage_penalty"] = _number(coverage_penalty, "Coverage penalty", False, 0, 20)
     elif strategy == "sampling":
         seed = _number(-1 if seed is None or seed == "" else seed, "Seed", True, -1, 2**31 - 1)
         kw.update(

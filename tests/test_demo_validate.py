@@ -137,8 +137,13 @@ def test_decoding_kwargs_per_strategy():
     beam = decoding_kwargs("beam", 4, 1.2, 3, 5, 60, 1.0, 50, 0.9, -1)
     assert beam == dict(
         min_length=5, max_length=60, no_repeat_ngram_size=3, repetition_penalty=1.0, no_repeat_word=True, num_beams=4,
-        length_penalty=1.2,
+        length_penalty=1.2, coverage_penalty=1.0,
     )
+    # The coverage penalty is a beam setting, from 0 (off) up.
+    assert decoding_kwargs("beam", 4, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, True, "1.5")["coverage_penalty"] == 1.5
+    assert "coverage_penalty" not in decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, True, 2.0)
+    with pytest.raises(BadInput, match="Coverage penalty"):
+        decoding_kwargs("beam", 4, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, True, -1)
     # The checkbox, or an API client's spelling of it; anything else is a sentence.
     assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, False)["no_repeat_word"] is False
     assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, "false")["no_repeat_word"] is False

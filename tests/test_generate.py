@@ -125,7 +125,8 @@ def test_top_k_one_is_greedy(tiny_model):
 @pytest.mark.parametrize(
     "bad",
     [dict(num_beams=0), dict(max_length=5, min_length=10), dict(top_p=0.0), dict(top_p=1.5), dict(temperature=-1.0),
-     dict(max_length=0), dict(do_sample=True, num_beams=2), dict(repetition_penalty=0.0), dict(repetition_penalty=-1.0)],
+     dict(max_length=0), dict(do_sample=True, num_beams=2), dict(repetition_penalty=0.0), dict(repetition_penalty=-1.0),
+     dict(coverage_penalty=-1.0), dict(coverage_penalty=float("inf"))],
 )
 def test_invalid_settings_raise_one_sentence(bad):
     with pytest.raises(DecodingError) as e:

@@ -135,6 +135,39 @@ def test_decoding_steps_give_the_teacher_forced_mixture(tiny_config, path, beams
         assert np.allclose(got, np.repeat(want[:, t], beams, axis=0), atol=2e-4), t
 
 
+@pytest.mark.parametrize("path", ["c", "plain"])
+@pytest.mark.parametrize("beta", [0.0, 2.0])
+def test_beam_scores_charge_the_coverage_penalty(tiny_config, path, beta, monkeypatch):
+    """A hypothesis's score is its log-probability, length-normalised, minus beta times the copy
+    attention its steps spent past 1 on each source position (recomputed here by teacher forcing);
+    beta 0 charges nothing."""
+    from b2b import cpu_step
+
+    if path == "c" and not cpu_step.available():
+        pytest.skip("the C step needs MLX on the CPU and a C compiler with OpenMP")
+    monkeypatch.setenv("B2B_CPU_STEP", "1" if path == "c" else "0")
+    monkeypatch.setenv("B2B_COMPILE_DECODE", "0" if path == "plain" else "1")
+    model = _pointer_model(tiny_config, copy_bias=-3.0)  # copies a lot: its attention comes back
+    src, mask, _ = _batch()
+    lp = 0.7
+    cfg = DecodingConfig(num_beams=3, max_length=7, length_penalty=lp, no_repeat_ngram_size=0, coverage_penalty=beta)
+    hyps = generate(model, src, mask, cfg)
+    memory, src_mask, ids = _encode(model, src, mask)
+    over = []
+    for b, h in enumerate(hyps):
+        ended = h.finish_reason == "eos"
+        steps = [101] + h.tokens + ([102] if ended else [])
+        stepper = _Stepper(model, memory[b : b + 1], None if src_mask is None else src_mask[b : b + 1], 16,
+                           log_probs=True, src_ids=ids[b : b + 1], copy_weights=True)
+        logp, coverage = 0.0, 0.0
+        for t in range(len(steps) - 1):
+            logp += float(stepper(mx.array([[steps[t]]]))[0, steps[t + 1]])
+            coverage = coverage + stepper.copy.weights[0].astype(np.float64)
+        over.append(np.maximum(coverage - 1.0, 0.0).sum())
+        assert h.score == pytest.approx(logp / (len(steps) - 1) ** lp - beta * over[-1], abs=1e-3), b
+    assert max(over) > 0  # the hypotheses did go back to positions: a penalty had something to charge
+
+
 def test_a_copying_gate_writes_only_source_tokens(tiny_config, tokenizer):
     from b2b import summarize
 
@@ -198,15 +231,21 @@ def test_c_mixing_equals_numpy_mixing(tiny_config):
     # The second input holds nothing to copy: its rows keep the vocabulary's distribution.
     src = mx.array([[101, 2000, 2001, 2000, 2003, 102, 0], [101, 102, 0, 0, 0, 0, 0]])
     memory = model.encode(src, (src > 0).astype(mx.int32))
-    mixer = CopyMixer(model, memory, src, beams=3)
+    mixer = CopyMixer(model, memory, src, beams=3, keep_weights=True)
     rng = np.random.default_rng(0)
     vocab = rng.normal(size=(6, tiny_config.vocab_size)).astype(np.float32)
     vocab -= np.log(np.exp(vocab).sum(-1, keepdims=True))
     h = rng.normal(size=(6, tiny_config.hidden_size)).astype(np.float32)
     in_c = mixer(vocab.copy(), h)
+    weights_c = mixer.weights.copy()
     in_numpy = vocab.copy()
     mixer._mix_numpy(in_numpy, h)
     assert np.allclose(in_c, in_numpy, atol=1e-4)
+    # The copy weights kept for the coverage penalty: a distribution over copyable positions
+    # (none for the input with nothing to copy), the same in C and NumPy.
+    assert np.allclose(weights_c, mixer.weights, atol=1e-5)
+    assert np.allclose(weights_c[:3].sum(-1), 1.0, atol=1e-5) and (weights_c[:3, [0, 5, 6]] == 0).all()
+    assert (weights_c[3:] == 0).all()
     assert np.allclose(np.log(np.exp(in_c.astype(np.float64)).sum(-1)), 0.0, atol=1e-4)
     assert (in_c[:3, 2000] > vocab[:3, 2000]).all() and (in_c[:3, 1996] < vocab[:3, 1996]).all()
     assert np.allclose(in_c[3:], vocab[3:], atol=1e-6)

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from b2b import Bert2Bert, Tokenizer, lead3, load_checkpoint, rouge_scores, summarize
+from b2b import Bert2Bert, DecodingConfig, Tokenizer, lead3, load_checkpoint, rouge_scores, summarize
 
 from .command import setup_logging
 from .data import load_summarization_pairs
@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-length", type=int, default=0)
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--no-repeat-ngram-size", type=int, default=3)
+    p.add_argument("--coverage-penalty", type=float, default=DecodingConfig.coverage_penalty,
+                   help="beam search, pointer models: charge copy attention spent past 1 on a source position (0: off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="as transformers' generate; 1: off")
     p.add_argument("--allow-word-repeats", action="store_true", help="let a word or phrase follow itself (\"texas, texas\"); banned by default")
     p.add_argument("--max-source-length", type=int, default=512)
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=lambda done, total: bar.update(done - bar.n),
             num_beams=a.num_beams, max_length=a.max_length, min_length=a.min_length,
             length_penalty=a.length_penalty, no_repeat_ngram_size=a.no_repeat_ngram_size,
-            repetition_penalty=a.repetition_penalty, no_repeat_word=not a.allow_word_repeats,
+            repetition_penalty=a.repetition_penalty, coverage_penalty=a.coverage_penalty, no_repeat_word=not a.allow_word_repeats,
             max_source_length=a.max_source_length,
         )
         bar.close()
