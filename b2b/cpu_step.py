@@ -87,6 +87,8 @@ def copy_mix(out: np.ndarray, h: np.ndarray, wq: np.ndarray, bq: np.ndarray, key
         return False
     R, V = out.shape
     B, S, C = keys.shape
+    if weights is not None and (weights.shape != (R, S) or weights.dtype != np.float32 or not weights.flags.c_contiguous):
+        raise ValueError(f"The copy weights' buffer must be a C-contiguous float32 ({R}, {S}) array.")
     f = lambda a: a.ctypes.data_as(_F32P)  # noqa: E731
     i = lambda a: a.ctypes.data_as(ctypes.POINTER(ctypes.c_int))  # noqa: E731
     status = _library().b2b_copy_mix(R, B, C, S, V, tokens.shape[1], f(h), f(wq), f(bq), f(keys), f(memory), f(wg),

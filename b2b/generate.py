@@ -25,7 +25,7 @@ _OUTPUT_T = "_b2b_output_t"  # model attribute: (output matrix, its (C, V) copy)
 class Hypothesis:
     tokens: list[int]  # generated ids, without the start token and without the final [SEP]
     finish_reason: str  # "eos" (the model ended it) or "length" (max_length reached)
-    score: float = 0.0  # beam search: length-normalised log-probability
+    score: float = 0.0  # beam search: length-normalised log-probability, less any coverage penalty
 
 
 @dataclass
@@ -328,8 +328,10 @@ def beam_search(
         scores = np.array(next_scores, dtype=np.float64).reshape(B, K)
         if covers:
             coverage, penalty = coverage[rows], penalty[rows]
-        # A finished input's beams are all dead (-inf): it keeps showing its last best beam.
-        best = [histories[b * K + int(np.argmax(scores[b]))] if np.isfinite(scores[b]).any() else best[b] for b in range(B)]
+        # The running beam that would win were decoding to stop here (scored as the final pick
+        # scores it); a finished input's beams are all dead (-inf): it keeps showing its last best.
+        ranked = scores / length**cfg.length_penalty - penalty.reshape(B, K)
+        best = [histories[b * K + int(np.argmax(ranked[b]))] if np.isfinite(ranked[b]).any() else best[b] for b in range(B)]
         yield Step(best, list(done))
         if all(done):
             break

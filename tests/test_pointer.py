@@ -135,9 +135,20 @@ def test_decoding_steps_give_the_teacher_forced_mixture(tiny_config, path, beams
         assert np.allclose(got, np.repeat(want[:, t], beams, axis=0), atol=2e-4), t
 
 
+def _coverage_case(tiny_config, ends: str):
+    """A pointer model that copies a lot (its copy attention comes back to positions) and its
+    decoding settings: hypotheses that run to max_length, or ("eos") ones that can end earlier."""
+    if ends == "length":
+        return _pointer_model(tiny_config, copy_bias=-3.0), dict(max_length=7)
+    model = _pointer_model(tiny_config, copy_bias=-1.0)
+    model.decoder.lm_head.bias = model.decoder.lm_head.bias.at[tiny_config.sep_id].add(8.0)  # [SEP] likely
+    return model, dict(max_length=12, min_length=5, early_stopping=False)
+
+
 @pytest.mark.parametrize("path", ["c", "plain"])
 @pytest.mark.parametrize("beta", [0.0, 2.0])
-def test_beam_scores_charge_the_coverage_penalty(tiny_config, path, beta, monkeypatch):
+@pytest.mark.parametrize("ends", ["length", "eos"])
+def test_beam_scores_charge_the_coverage_penalty(tiny_config, path, beta, ends, monkeypatch):
     """A hypothesis's score is its log-probability, length-normalised, minus beta times the copy
     attention its steps spent past 1 on each source position (recomputed here by teacher forcing);
     beta 0 charges nothing."""
@@ -147,16 +158,16 @@ def test_beam_scores_charge_the_coverage_penalty(tiny_config, path, beta, monkey
         pytest.skip("the C step needs MLX on the CPU and a C compiler with OpenMP")
     monkeypatch.setenv("B2B_CPU_STEP", "1" if path == "c" else "0")
     monkeypatch.setenv("B2B_COMPILE_DECODE", "0" if path == "plain" else "1")
-    model = _pointer_model(tiny_config, copy_bias=-3.0)  # copies a lot: its attention comes back
+    model, settings = _coverage_case(tiny_config, ends)
     src, mask, _ = _batch()
     lp = 0.7
-    cfg = DecodingConfig(num_beams=3, max_length=7, length_penalty=lp, no_repeat_ngram_size=0, coverage_penalty=beta)
+    cfg = DecodingConfig(num_beams=3, length_penalty=lp, no_repeat_ngram_size=0, coverage_penalty=beta, **settings)
     hyps = generate(model, src, mask, cfg)
+    assert ends in [h.finish_reason for h in hyps]  # the case reaches the score formula it is named for
     memory, src_mask, ids = _encode(model, src, mask)
     over = []
     for b, h in enumerate(hyps):
-        ended = h.finish_reason == "eos"
-        steps = [101] + h.tokens + ([102] if ended else [])
+        steps = [101] + h.tokens + ([102] if h.finish_reason == "eos" else [])
         stepper = _Stepper(model, memory[b : b + 1], None if src_mask is None else src_mask[b : b + 1], 16,
                            log_probs=True, src_ids=ids[b : b + 1], copy_weights=True)
         logp, coverage = 0.0, 0.0
@@ -166,6 +177,22 @@ def test_beam_scores_charge_the_coverage_penalty(tiny_config, path, beta, monkey
         over.append(np.maximum(coverage - 1.0, 0.0).sum())
         assert h.score == pytest.approx(logp / (len(steps) - 1) ** lp - beta * over[-1], abs=1e-3), b
     assert max(over) > 0  # the hypotheses did go back to positions: a penalty had something to charge
+
+
+def test_the_coverage_penalty_steers_the_search(tiny_config):
+    """Charged while ranking (not only on the final scores): it changes which beam survives, and
+    the streamed best beam is the one the final pick takes."""
+    from b2b.generate import decode_stream
+
+    model, settings = _coverage_case(tiny_config, "length")
+    src, mask, _ = _batch()
+    run = lambda beta: generate(model, src, mask, DecodingConfig(  # noqa: E731
+        num_beams=3, no_repeat_ngram_size=0, coverage_penalty=beta, **settings))
+    free, charged = run(0.0), run(2.0)
+    assert [h.tokens for h in free] != [h.tokens for h in charged]
+    cfg = DecodingConfig(num_beams=3, no_repeat_ngram_size=0, coverage_penalty=2.0, **settings)
+    *steps, final = list(decode_stream(model, src, mask, cfg))
+    assert steps[-1].tokens == [h.tokens for h in final]
 
 
 def test_a_copying_gate_writes_only_source_tokens(tiny_config, tokenizer):
