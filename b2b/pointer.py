@@ -141,8 +141,9 @@ class CopyMixer:
         """Mix in place and return `log_probs` (R, V) (C-contiguous float32) for final decoder
         states h (R, C): in C on MLX's CPU backend (cpu_step.copy_mix), else in NumPy."""
         h = np.ascontiguousarray(h, dtype=np.float32)
-        if self.keep_weights:
-            self.weights = np.zeros((h.shape[0], self.slot.shape[1]), np.float32)
+        if self.keep_weights and (self.weights is None or self.weights.shape[0] != h.shape[0]):
+            # One buffer for the run: every step overwrites every row (the reader copies it first).
+            self.weights = np.empty((h.shape[0], self.slot.shape[1]), np.float32)
         args = (self.wq, self.bq, self.keys, self.memory, self.wg, self.bg, self.slot, self.tokens, _NOTHING_TO_COPY)
         if not self._mix_in_c(log_probs, h, *args, self.weights):
             self._mix_numpy(log_probs, h)
