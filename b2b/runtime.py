@@ -162,6 +162,14 @@ def cpu_threads(n: int) -> Iterator[None]:
             cpu_ops.set_threads(0)
 
 
+def _device_name(mx) -> str | None:
+    """The default device's name as MLX reports it, or None where this MLX cannot say."""
+    try:
+        return str(mx.device_info().get("device_name") or "") or None
+    except (AttributeError, RuntimeError):  # older MLX, or a backend without device_info
+        return None
+
+
 def runtime_info() -> dict:
     """MLX version, device, BLAS in use, whether decoding steps and attention run in C, and
     platform, for logs and the demo's model_info."""
@@ -172,6 +180,7 @@ def runtime_info() -> dict:
     return {
         "mlx": mx.__version__,
         "device": str(mx.default_device()),
+        "device_name": _device_name(mx),  # "NVIDIA H200", "Apple M2 Max", the CPU's model
         "metal": bool(mx.metal.is_available()) if hasattr(mx, "metal") else False,
         "blas": _BLAS["name"],
         "blas_path": _BLAS["path"],

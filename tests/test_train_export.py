@@ -70,3 +70,22 @@ def test_export_averages_checkpoints_weights_and_says_so_on_the_card(tmp_path, t
     odd = save_checkpoint(Bert2Bert(other), tokenizer, str(tmp_path / "odd"))
     assert export_main(["--checkpoint", paths[0], "--average", odd, "--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_card_names_the_machines_the_run_trained_on_not_the_exporting_one(tmp_path, tiny_model, tokenizer):
+    from train.writer import SETTINGS_TAG
+
+    run = tmp_path / "run"
+    ckpt = save_checkpoint(tiny_model, tokenizer, str(run / "checkpoints" / "step_0000010"))
+    gpu = {"platform": "Linux x86_64", "device": "Device(gpu, 0)", "device_name": "NVIDIA H200", "mlx": "0.32.4", "cpu_count": 16}
+    cpu = {"platform": "Darwin arm64", "device": "Device(cpu, 0)", "cpu_count": 8, "mlx": "0.32.4", "blas": "accelerate"}
+    rows = [{"step": 0, "tag": SETTINGS_TAG, "text": json.dumps({"runtime": rt})} for rt in (gpu, gpu, cpu)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "out"), "--dtype", "float32"]) == 0
+    card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert "h on Linux x86_64, NVIDIA H200 (MLX 0.32.4) and Darwin arm64 (8 CPU cores, MLX 0.32.4, BLAS accelerate)" in card
+
+    (run / "metrics.jsonl").unlink()  # nothing recorded: this machine, said to be so
+    assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "out2"), "--dtype", "float32"]) == 0
+    assert "(the exporting machine: the run recorded none)" in (tmp_path / "out2" / "MODEL_CARD.md").read_text()

@@ -21,6 +21,7 @@ from b2b import Bert2Bert, Tokenizer, dtype_name, load_checkpoint, runtime_info,
 
 from .checkpoints import STATE, TrainerState
 from .command import setup_logging
+from .writer import SETTINGS_TAG
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,34 @@ def average_checkpoints(paths: list[str]) -> tuple[Bert2Bert, Tokenizer]:
     return model, tokenizer
 
 
+def _hardware(rt: dict) -> str:
+    """One machine as a run recorded it (`runtime_info()`): a GPU by its name, a CPU by its cores and BLAS."""
+    where = f"{rt.get('platform', '?')}"
+    if "cpu" in str(rt.get("device", "cpu")).lower():
+        return f"{where} ({rt.get('cpu_count', '?')} CPU cores, MLX {rt.get('mlx', '?')}, BLAS {rt.get('blas', '?')})"
+    return f"{where}, {rt.get('device_name') or rt.get('device')} (MLX {rt.get('mlx', '?')})"
+
+
+def training_hardware(run_dir: str) -> str:
+    """The machines a run trained on, as its metrics.jsonl recorded them at each start (a resumed
+    run can move); this machine, said to be so, when the run recorded none."""
+    seen: list[str] = []
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            for line in f:
+                if SETTINGS_TAG not in line:
+                    continue
+                try:
+                    runtime = json.loads(json.loads(line).get("text", "{}")).get("runtime")
+                except (json.JSONDecodeError, AttributeError):
+                    continue
+                if isinstance(runtime, dict) and _hardware(runtime) not in seen:
+                    seen.append(_hardware(runtime))
+    except OSError:
+        pass
+    return " and ".join(seen) if seen else f"{_hardware(runtime_info())} (the exporting machine: the run recorded none)"
+
+
 def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | None = None) -> str:
     """Markdown describing how `model`, loaded from `ckpt`, was made and how well it does;
     `averaged` lists the other checkpoints whose weights were averaged with `ckpt`'s."""
@@ -73,8 +102,7 @@ def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | No
         "## Training",
         f"- Task: {state.task or 'summarization'}; optimizer steps: {state.step}; examples seen: {state.examples_seen:,}; "
         f"tokens seen: {state.tokens_seen:,}",
-        f"- Wall time in the training loop: {state.wall_seconds / 3600:.2f} h on {runtime_info()['platform']} "
-        f"({runtime_info()['cpu_count']} CPU cores, MLX {runtime_info()['mlx']}, BLAS {runtime_info()['blas']})",
+        f"- Wall time in the training loop: {state.wall_seconds / 3600:.2f} h on {training_hardware(run_dir)}",
         f"- Initialisation: {settings.get('init') or 'random'}",
         f"- Data: {settings.get('data', '?')} (validation: {settings.get('val_data') or 'held out'})",
         "- Settings: " + ", ".join(
