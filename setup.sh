@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
 # Set up b2b in ./.venv:  bash setup.sh          (the app)
 #                         bash setup.sh --test   (the app + test tools)
+#                         bash setup.sh --cuda   (Linux + NVIDIA GPU: MLX's CUDA 13 build; --cuda12 for CUDA 12)
 # On Linux it also installs a fast BLAS for MLX's CPU backend (OpenBLAS from the system's
 # packages, or the `mkl` wheel when no package manager can be used); macOS needs nothing.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 want_tests=0
-[[ "${1:-}" == "--test" ]] && want_tests=1
+cuda=""
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_tests=1 ;;
+    --cuda|--cuda13) cuda=cuda13 ;;
+    --cuda12) cuda=cuda12 ;;
+    *) echo "Unknown option $arg (use --test, --cuda or --cuda12)" >&2; exit 2 ;;
+  esac
+done
+if [[ -n "$cuda" && "$(uname -s)" != "Linux" ]]; then
+  echo "--cuda is for Linux with an NVIDIA GPU (macOS uses Metal): drop it." >&2
+  exit 2
+fi
 
 if [[ "$(uname -s)" == "Linux" ]]; then
   # (ls of both paths would fail when either is missing: test each)
@@ -48,6 +61,15 @@ echo "==> Installing requirements"
 .venv/bin/python -m pip install -q -r requirements.txt ${EXTRA_BLAS:-}
 if [[ $want_tests == 1 ]]; then
   .venv/bin/python -m pip install -q -r requirements-test.txt
+fi
+if [[ -n "$cuda" ]]; then
+  # mlx-cpu and mlx-cuda-* both install mlx/lib/libmlx.so: remove the CPU build first.
+  echo "==> Installing MLX's CUDA build (mlx[$cuda]) in place of the CPU one"
+  mlx_version=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('mlx'))")
+  .venv/bin/python -m pip uninstall -q -y mlx-cpu
+  .venv/bin/python -m pip install -q "mlx[$cuda]==$mlx_version"
+  # (again on a rerun: requirements.txt has just put mlx-cpu's libmlx.so over the CUDA one)
+  .venv/bin/python -m pip install -q --force-reinstall --no-deps "mlx-${cuda/cuda/cuda-}==$mlx_version"
 fi
 if [[ "$(uname -s)" == "Linux" ]]; then
   # b2b's CPU kernels (an MLX extension) need CMake >= 3.24: the system's, or the wheel's.
