@@ -18,6 +18,7 @@ from .tokenizer import Tokenizer
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+DECODING = "decoding.json"  # {"max_source_length": N}: how the model was trained to be used (not architecture)
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 SAVE_DTYPES = (*_DTYPES, "int8")
 _ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
@@ -70,6 +71,9 @@ def save_checkpoint(
         weights = {k: v.astype(_DTYPES[dtype]) for k, v in weights.items()}
     mx.save_safetensors(os.path.join(tmp, WEIGHTS), weights, metadata={"format": "b2b"})
     model.config.save(tmp)
+    if model.trained_source_length:
+        with open(os.path.join(tmp, DECODING), "w") as f:
+            json.dump({"max_source_length": int(model.trained_source_length)}, f, indent=2)
     tokenizer.save(tmp)
     for name, data in (extra or {}).items():
         with open(os.path.join(tmp, name), "w") as f:
@@ -160,11 +164,29 @@ def load_checkpoint(path: str, dtype: str | None = None) -> tuple[Bert2Bert, Tok
             raise CheckpointError(f"{cfg_path} has an invalid setting: {e}") from e
         model = Bert2Bert(config)
         _load_weights_strict(model, os.path.join(path, WEIGHTS))
+    model.trained_source_length = _trained_source_length(path, model.config.max_positions)
     if dtype is not None:
         model.set_dtype(_DTYPES[dtype])
     model.eval()
     mx.eval(model.parameters())
     return model, tokenizer
+
+
+def _trained_source_length(path: str, max_positions: int) -> int | None:
+    """decoding.json's max_source_length (None without the file: older checkpoints, Hugging Face folders)."""
+    file = os.path.join(path, DECODING)
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file) as f:
+            n = json.load(f).get("max_source_length")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise CheckpointError(f"{file} must be a JSON object like {{\"max_source_length\": 320}} ({e}).") from e
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 3 <= n <= max_positions:
+        raise CheckpointError(f"{file}: max_source_length must be a whole number from 3 to {max_positions}, got {n!r}.")
+    return n
 
 
 def _load_tokenizer(path: str) -> Tokenizer:

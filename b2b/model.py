@@ -117,12 +117,20 @@ class Bert2Bert(nn.Module):
     def __init__(self, cfg: B2BConfig):
         super().__init__()
         self.config = cfg
+        # Source tokens it was trained to read (a checkpoint's decoding.json): summarize() reads as
+        # many by default, since a model trained on 320 summarizes worse from 512. None: all positions.
+        self.trained_source_length: int | None = None
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg, self.encoder)
         if cfg.pointer_generator:
             self.pointer = PointerGenerator(cfg)
         self.apply_to_modules(_init_bert)
         self.warm_start_pointer()
+
+    @property
+    def source_limit(self) -> int:
+        """Source tokens decoding reads by default: the trained length, else every position."""
+        return min(self.trained_source_length or self.config.max_positions, self.config.max_positions)
 
     def warm_start_pointer(self) -> None:
         """Start the pointer from the last decoder layer's cross-attention (after weights from

@@ -80,11 +80,13 @@ def _validate(texts: list) -> None:
             raise InputError("The text to summarize is empty.")
 
 
-def _source_limit(max_source_length: object, max_positions: int) -> int:
-    """Source tokens to keep: None means all the model can read. A larger request is capped at
-    the position table (the model cannot read further; the result says it was truncated)."""
+def _source_limit(max_source_length: object, model: Bert2Bert) -> int:
+    """Source tokens to keep: None means as many as the model was trained to read
+    (`model.source_limit`). A larger request is capped at the position table (the model cannot
+    read further; the result says it was truncated)."""
+    max_positions = model.config.max_positions
     if max_source_length is None:
-        return max_positions
+        return model.source_limit
     if isinstance(max_source_length, bool) or not isinstance(max_source_length, numbers.Integral):
         raise InputError(f"max_source_length must be a whole number of tokens or None, got {max_source_length!r}.")
     if max_source_length < 3:
@@ -128,7 +130,7 @@ def _start(
         raise InputError("No texts to summarize.")
     _validate(texts)
     _check_vocab(model, tokenizer)
-    limit = _source_limit(max_source_length, model.config.max_positions)
+    limit = _source_limit(max_source_length, model)
     batch = tokenizer.batch_encode(texts, max_length=limit)
     counts = batch.num_tokens  # one tokenization per text
     src_ids = mx.array(batch.ids)
@@ -172,7 +174,7 @@ def summarize(
 ) -> SummaryResult | list[SummaryResult]:
     """Summarize one text (-> SummaryResult) or a list (-> list, decoded together as a batch).
     `decoding` takes DecodingConfig's fields (num_beams, max_length, do_sample, ...);
-    `max_source_length` (None: the model's max positions) truncates the source."""
+    `max_source_length` (None: the length the model was trained on, `model.source_limit`) truncates the source."""
     job = _start(model, tokenizer, text, max_source_length, decoding)
     start = time.perf_counter() - job.prep_seconds
     hyps: list[Hypothesis] = []

@@ -53,12 +53,12 @@ def decoding_from(a: argparse.Namespace) -> dict:
 def summarize_one(served: Served, text: str, decoding: dict, out=None, err=None) -> str:
     """Print the summary (stdout) and its statistics (stderr); return the summary."""
     out, err = out or sys.stdout, err or sys.stderr
-    max_positions = served.model.config.max_positions
-    text, read = readable_text(text, max_positions)  # past `read` the model reads nothing
+    reads = served.model.source_limit  # the source length it was trained on, else all positions
+    text, read = readable_text(text, reads)  # past `read` the model reads nothing
     r = summarize(served.model, served.tokenizer, read, **decoding)
     print(r.text or "(empty summary)", file=out, flush=True)
     cut = f"text cut to its first {len(read):,} of {len(text):,} characters: " if len(read) < len(text) else ""
-    truncated = f", truncated to {max_positions}" if r.truncated else ""
+    truncated = f", truncated to {reads}" if r.truncated else ""
     print(
         f"[{cut}{r.num_input_tokens} input tokens{truncated}; {r.num_tokens} summary tokens in {r.seconds:.2f} s, "
         f"{r.tokens_per_sec:.1f} tokens/s]",

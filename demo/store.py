@@ -146,6 +146,7 @@ class Served:
             "ffn_size": c.ffn_size,
             "vocab_size": c.vocab_size,
             "max_positions": c.max_positions,
+            "source_length": self.model.source_limit,  # what summaries read by default (the trained length)
             "share_encoder_decoder": c.share_encoder_decoder,
             "pointer_generator": c.pointer_generator,
             "parameters": self.num_parameters,

@@ -61,7 +61,7 @@ class MapsCache:
 
 def _compute(model: Bert2Bert, tokenizer: Tokenizer, text: str, summary_ids: list[int], ended: bool) -> AttentionMaps:
     """Runs on the model worker: one teacher-forced pass with explicit attention."""
-    enc = tokenizer.encode(text, max_length=model.config.max_positions)
+    enc = tokenizer.encode(text, max_length=model.source_limit)
     return attention_maps(model, tokenizer, enc.ids, summary_ids, ended)
 
 

@@ -42,11 +42,11 @@ def _prepare(store: CheckpointStore, text: object, decoding: tuple) -> tuple[Ser
     """Check the request and pick its model: (served, text cut to what the model can read,
     decoding kwargs). BadInput or NoCheckpoint with one sentence."""
     served = store.current()  # one model for the whole request, even if a reload swaps it
-    text, read = readable_text(text, served.model.config.max_positions if served else None)
+    text, read = readable_text(text, served.model.source_limit if served else None)
     kw = decoding_kwargs(*decoding)
     if served is None:
         served = store.require()  # NoCheckpoint says how to get one
-    return served, clip_text(read, served.model.config.max_positions), kw
+    return served, clip_text(read, served.model.source_limit), kw
 
 
 def summarize_stream(store: CheckpointStore, text: str, *decoding) -> Iterator[tuple]:
@@ -73,7 +73,7 @@ def summarize_stream(store: CheckpointStore, text: str, *decoding) -> Iterator[t
             "headline": served.headline(),
         }
         summary = r.text if r.text.strip() else "(the model produced an empty summary)"
-        yield summary, stats_markdown(r, served.model.config.max_positions, len(text), len(read)), state
+        yield summary, stats_markdown(r, served.model.source_limit, len(text), len(read)), state
 
 
 def summarize_text(store: CheckpointStore, text: str, *decoding) -> str:

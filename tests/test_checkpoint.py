@@ -119,3 +119,30 @@ def test_a_bad_config_names_its_path(tmp_path, tiny_model, tokenizer, content):
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(path)
     assert os.path.join(path, "config.json") in str(e.value) and str(e.value).endswith(".")
+
+
+def test_the_trained_source_length_travels_with_the_checkpoint(tmp_path, tiny_model, tokenizer):
+    from b2b.checkpoint import DECODING
+
+    plain = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "plain"))
+    assert not (tmp_path / "plain" / DECODING).exists()  # nothing to record: older folders look like this
+    model, _ = load_checkpoint(plain)
+    assert model.trained_source_length is None and model.source_limit == model.config.max_positions
+
+    tiny_model.trained_source_length = 24
+    try:
+        path = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "trained"), dtype="float16")
+    finally:
+        tiny_model.trained_source_length = None
+    model, _ = load_checkpoint(path)
+    assert model.trained_source_length == 24 and model.source_limit == 24
+
+
+@pytest.mark.parametrize("body", ['{"max_source_length": 2}', '{"max_source_length": "320"}', '[320]', "{not json"])
+def test_a_bad_decoding_file_is_one_error_naming_it(tmp_path, tiny_model, tokenizer, body):
+    from b2b.checkpoint import DECODING
+
+    path = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "ckpt"))
+    (tmp_path / "ckpt" / DECODING).write_text(body)
+    with pytest.raises(CheckpointError, match=DECODING):
+        load_checkpoint(path)

@@ -187,3 +187,21 @@ def test_summaries_do_not_stutter_unless_asked(tiny_model, tokenizer):
     for beams in (1, 2):
         ids = summarize(tiny_model, tokenizer, article, max_length=6, num_beams=beams).token_ids
         assert texas in ids and all(a != b for a, b in zip(ids, ids[1:])), ids
+
+
+def test_the_trained_source_length_is_what_decoding_reads_by_default(tiny_model, tokenizer, cnndm_rows):
+    """A model trained on 16-token sources reads 16 by default (its checkpoint's decoding.json);
+    an explicit max_source_length still wins, and None trained length means every position."""
+    article = cnndm_rows[0]["article"]
+    everything = summarize(tiny_model, tokenizer, "A short note about a fire downtown.", max_length=4)
+    assert not everything.truncated and tiny_model.source_limit == tiny_model.config.max_positions
+    cut = summarize(tiny_model, tokenizer, article, max_source_length=16, max_length=6, return_attention=True)
+    tiny_model.trained_source_length = 16
+    try:
+        trained = summarize(tiny_model, tokenizer, article, max_length=6, return_attention=True)
+        wider = summarize(tiny_model, tokenizer, article, max_source_length=40, max_length=6, return_attention=True)
+    finally:
+        tiny_model.trained_source_length = None
+    assert trained.token_ids == cut.token_ids and trained.truncated
+    assert len(trained.attentions.source_tokens) == len(cut.attentions.source_tokens) == 16
+    assert len(wider.attentions.source_tokens) == 40

@@ -83,3 +83,14 @@ def test_finetune_removes_cnns_update_label_from_training_summaries_unless_kept(
         first_words[keep] = {tokenizer.decode(t[1:3].tolist()) for t in task.train.targets}
     assert first_words == {False: {"Fire is"}, True: {"New:"}}  # decode() detokenizes
     assert "keep_update_labels" in FinetuneSettings.RUN_IDENTITY  # a resume may not switch it
+
+
+def test_finetune_records_the_source_length_it_trains_on_in_the_model(tmp_path, tokenizer, cnndm_rows, tiny_model):
+    write_pairs(tmp_path / "train.jsonl", cnndm_rows[:10])
+    write_pairs(tmp_path / "val.jsonl", cnndm_rows[10:12])
+    task = SummarizationTask(FinetuneSettings(data=str(tmp_path), max_source_len=40, max_target_len=16), tokenizer, 512)
+    task.prepare(tiny_model)
+    try:
+        assert tiny_model.trained_source_length == 40 and tiny_model.source_limit == 40  # saved as decoding.json
+    finally:
+        tiny_model.trained_source_length = None

@@ -114,6 +114,7 @@ class SummarizationTask:
         if self.s.coverage and "pointer" not in model:
             raise ValueError("--coverage is a loss on the pointer's copy attention: add --pointer-generator (or start from a pointer model).")
         model.unfreeze()
+        model.trained_source_length = self.src_len  # saved with every checkpoint: decoding reads as much
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
         if self._epoch_batches is None or self._epoch_batches[0] != epoch:
