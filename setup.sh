@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up b2b in ./.venv:  bash setup.sh          (the app)
 #                         bash setup.sh --test   (the app + test tools)
-#                         bash setup.sh --cuda   (Linux + NVIDIA GPU: MLX's CUDA 13 build; --cuda12 for CUDA 12)
+#                         bash setup.sh --cuda   (Linux + NVIDIA GPU: MLX's CUDA build, CUDA 12 as mlx[cuda];
+#                                                 --cuda13 for drivers >= 580)
 # On Linux it also installs a fast BLAS for MLX's CPU backend (OpenBLAS from the system's
 # packages, or the `mkl` wheel when no package manager can be used); macOS needs nothing.
 set -euo pipefail
@@ -12,9 +13,9 @@ cuda=""
 for arg in "$@"; do
   case "$arg" in
     --test) want_tests=1 ;;
-    --cuda|--cuda13) cuda=cuda13 ;;
-    --cuda12) cuda=cuda12 ;;
-    *) echo "Unknown option $arg (use --test, --cuda or --cuda12)" >&2; exit 2 ;;
+    --cuda|--cuda12) cuda=cuda12 ;;  # as MLX's own mlx[cuda]: runs on any driver for CUDA 12 or later
+    --cuda13) cuda=cuda13 ;;
+    *) echo "Unknown option $arg (use --test, --cuda or --cuda13)" >&2; exit 2 ;;
   esac
 done
 if [[ -n "$cuda" && "$(uname -s)" != "Linux" ]]; then

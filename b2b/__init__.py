@@ -5,7 +5,7 @@
 from .runtime import runtime_info  # noqa: I001 - must come before anything that imports mlx
 
 from .cache import DecoderCache, LayerCache
-from .checkpoint import CheckpointError, dtype_name, is_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import DECODING_FILE, CheckpointError, dtype_name, is_checkpoint, load_checkpoint, save_checkpoint
 from .config import PRESETS, B2BConfig, ConfigError
 from .convert import ConversionError, load_hf_bert
 from .generate import DecodingConfig, DecodingError, Hypothesis, generate
@@ -19,7 +19,7 @@ from .tokenizer import Tokenizer, TokenizerError
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionMaps", "B2BConfig", "Bert2Bert", "CheckpointError", "ConfigError", "ConversionError",
+    "AttentionMaps", "B2BConfig", "Bert2Bert", "CheckpointError", "ConfigError", "ConversionError", "DECODING_FILE",
     "DecoderCache", "DecodingConfig", "DecodingError", "Hypothesis", "InputError", "Intermediates",
     "LayerCache", "PRESETS", "RougeResult", "StreamChunk", "SummaryResult", "Tokenizer", "TokenizerError",
     "attention_maps", "dtype_name", "generate", "is_checkpoint", "lead3", "load_checkpoint", "load_hf_bert", "rouge_scores",

@@ -1,4 +1,5 @@
-"""Checkpoints: a folder with `model.safetensors`, `config.json` and the tokenizer files.
+"""Checkpoints: a folder with `model.safetensors`, `config.json`, the tokenizer files and, for a
+model trained on a fixed source length, `decoding.json` (`{"max_source_length": N}`).
 
 Written to `NAME.tmp/` and renamed into place, so a reader (the demo's hot reload) never sees
 half of one. Loading is strict: a missing, unexpected or misshapen tensor is an error naming
@@ -18,7 +19,7 @@ from .tokenizer import Tokenizer
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
-DECODING = "decoding.json"  # {"max_source_length": N}: how the model was trained to be used (not architecture)
+DECODING_FILE = "decoding.json"  # {"max_source_length": N}: how the model was trained to be used (not architecture)
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 SAVE_DTYPES = (*_DTYPES, "int8")
 _ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
@@ -60,6 +61,9 @@ def save_checkpoint(
     safetensors files (e.g. optimizer.safetensors) inside the same atomic write."""
     if dtype is not None:
         dtype = dtype_name(dtype, SAVE_DTYPES)
+    n = model.trained_source_length
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 3 <= n <= model.config.max_positions):
+        raise CheckpointError(f"trained_source_length must be None or a whole number from 3 to {model.config.max_positions}, got {n!r}.")
     path = os.path.abspath(path)
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -72,7 +76,7 @@ def save_checkpoint(
     mx.save_safetensors(os.path.join(tmp, WEIGHTS), weights, metadata={"format": "b2b"})
     model.config.save(tmp)
     if model.trained_source_length:
-        with open(os.path.join(tmp, DECODING), "w") as f:
+        with open(os.path.join(tmp, DECODING_FILE), "w") as f:
             json.dump({"max_source_length": int(model.trained_source_length)}, f, indent=2)
     tokenizer.save(tmp)
     for name, data in (extra or {}).items():
@@ -174,7 +178,7 @@ def load_checkpoint(path: str, dtype: str | None = None) -> tuple[Bert2Bert, Tok
 
 def _trained_source_length(path: str, max_positions: int) -> int | None:
     """decoding.json's max_source_length (None without the file: older checkpoints, Hugging Face folders)."""
-    file = os.path.join(path, DECODING)
+    file = os.path.join(path, DECODING_FILE)
     if not os.path.isfile(file):
         return None
     try:

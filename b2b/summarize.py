@@ -44,7 +44,7 @@ class SummaryResult:
     text: str
     token_ids: list[int]
     finish_reason: str  # "eos" or "length"
-    truncated: bool  # the input was longer than the model's max positions
+    truncated: bool  # the input was longer than the source tokens read (model.source_limit, or max_source_length)
     num_input_tokens: int  # before truncation, with [CLS]/[SEP]
     seconds: float = 0.0
     attentions: AttentionMaps | None = field(default=None, repr=False)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable
 
-from b2b import Bert2Bert, Tokenizer, is_checkpoint, load_checkpoint
+from b2b import DECODING_FILE, Bert2Bert, Tokenizer, is_checkpoint
+from train.checkpoints import load_for_decoding
 
 from .worker import ModelWorker
 
@@ -178,7 +179,12 @@ def _candidate(path: str, source: str) -> Candidate | None:
         c = os.stat(os.path.join(path, "config.json"))
     except OSError:  # pruned between the check and the stat
         return None
-    signature = (w.st_mtime_ns, w.st_size, c.st_mtime_ns, c.st_size)
+    try:  # how much source it reads: a decoding.json added or edited is a new version too
+        d = os.stat(os.path.join(path, DECODING_FILE))
+        decoding = (d.st_mtime_ns, d.st_size)
+    except OSError:
+        decoding = None
+    signature = (w.st_mtime_ns, w.st_size, c.st_mtime_ns, c.st_size, decoding)
     return Candidate(os.path.abspath(path), w.st_mtime, signature, _step_of(path), source)
 
 
@@ -214,7 +220,7 @@ class CheckpointStore:
         worker: ModelWorker | None = None,
         poll_seconds: float = 5.0,
         settle_seconds: float = 1.0,
-        loader: Callable[[str], tuple[Bert2Bert, Tokenizer]] = load_checkpoint,
+        loader: Callable[[str], tuple[Bert2Bert, Tokenizer]] = load_for_decoding,
     ) -> None:
         self.watch_root = watch_root
         self.pinned = os.path.abspath(pinned) if pinned else None

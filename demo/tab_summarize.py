@@ -18,7 +18,7 @@ from .validate import BadInput, clip_text, decoding_kwargs, read_text_file, read
 STREAM_INTERVAL = 0.05  # seconds between UI updates while tokens arrive
 
 
-def stats_markdown(r: SummaryResult, max_positions: int, chars: int | None = None, read_chars: int | None = None) -> str:
+def stats_markdown(r: SummaryResult, source_tokens: int, chars: int | None = None, read_chars: int | None = None) -> str:
     """Input size, truncation notice, time and speed of one summary; `chars`/`read_chars` say
     that a long text was cut to its first `read_chars` characters before tokenizing."""
     cut = chars is not None and read_chars is not None and read_chars < chars
@@ -31,7 +31,7 @@ def stats_markdown(r: SummaryResult, max_positions: int, chars: int | None = Non
         parts = [f"**Input:** {r.num_input_tokens:,} tokens"]
     if r.truncated or cut:
         parts.append(
-            f"⚠️ **Truncated:** the model reads only the first {max_positions} tokens; the rest of the text was ignored"
+            f"⚠️ **Truncated:** the model reads only the first {source_tokens} tokens; the rest of the text was ignored"
         )
     ended = "end of summary" if r.finish_reason == "eos" else "max length reached"
     parts.append(f"**Summary:** {r.num_tokens} tokens ({ended}) in {r.seconds:.2f} s · {r.tokens_per_sec:.1f} tokens/s")

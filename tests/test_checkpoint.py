@@ -122,10 +122,10 @@ def test_a_bad_config_names_its_path(tmp_path, tiny_model, tokenizer, content):
 
 
 def test_the_trained_source_length_travels_with_the_checkpoint(tmp_path, tiny_model, tokenizer):
-    from b2b.checkpoint import DECODING
+    from b2b.checkpoint import DECODING_FILE
 
     plain = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "plain"))
-    assert not (tmp_path / "plain" / DECODING).exists()  # nothing to record: older folders look like this
+    assert not (tmp_path / "plain" / DECODING_FILE).exists()  # nothing to record: older folders look like this
     model, _ = load_checkpoint(plain)
     assert model.trained_source_length is None and model.source_limit == model.config.max_positions
 
@@ -138,11 +138,22 @@ def test_the_trained_source_length_travels_with_the_checkpoint(tmp_path, tiny_mo
     assert model.trained_source_length == 24 and model.source_limit == 24
 
 
-@pytest.mark.parametrize("body", ['{"max_source_length": 2}', '{"max_source_length": "320"}', '[320]', "{not json"])
+@pytest.mark.parametrize("body", ['{"max_source_length": 2}', '{"max_source_length": 4096}', '{"max_source_length": "320"}', '[320]', "{not json"])
 def test_a_bad_decoding_file_is_one_error_naming_it(tmp_path, tiny_model, tokenizer, body):
-    from b2b.checkpoint import DECODING
+    from b2b.checkpoint import DECODING_FILE
 
     path = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "ckpt"))
-    (tmp_path / "ckpt" / DECODING).write_text(body)
-    with pytest.raises(CheckpointError, match=DECODING):
+    (tmp_path / "ckpt" / DECODING_FILE).write_text(body)
+    with pytest.raises(CheckpointError, match=DECODING_FILE):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("bad", [2, 10_000, "320", True])
+def test_saving_refuses_a_source_length_it_could_not_load(tmp_path, tiny_model, tokenizer, bad):
+    tiny_model.trained_source_length = bad
+    try:
+        with pytest.raises(CheckpointError, match="trained_source_length"):
+            save_checkpoint(tiny_model, tokenizer, str(tmp_path / "ckpt"))
+    finally:
+        tiny_model.trained_source_length = None
+    assert not (tmp_path / "ckpt").exists()

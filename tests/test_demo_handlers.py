@@ -333,3 +333,26 @@ def test_header_quotes_the_test_rouge_a_checkpoint_carries(tmp_path):
     text = header_markdown(s)
     assert "1,000 test articles, beam 4: ROUGE-2 3.2 / ROUGE-Lsum 18.2 (Lead-3: 11.3 / 26.3)" in text
     assert "MODEL_CARD.md" in text
+
+
+@pytest.mark.parametrize("recorded", ["decoding.json", "run settings only"])
+def test_the_app_reads_the_source_length_the_model_was_trained_on(tmp_path, recorded):
+    """A checkpoint trained on 16-token sources is summarized and mapped from 16 tokens, whether
+    its decoding.json says so or (a run from before that file) its run's settings.json does."""
+    model = Bert2Bert(B2BConfig.preset("tiny"))
+    run = tmp_path / "logs" / "run"
+    if recorded == "decoding.json":
+        model.trained_source_length = 16
+    else:
+        run.mkdir(parents=True)
+        (run / "settings.json").write_text(json.dumps({"max_source_len": 16}))
+    save_checkpoint(model, Tokenizer.default(), str(run / "checkpoints" / "step_0000010"),
+                    extra={"trainer_state.json": {"task": "summarization", "step": 10}})
+    store = CheckpointStore(str(tmp_path / "logs"), fallback=None, settle_seconds=0.0)
+    store.refresh()
+    assert store.current().model.source_limit == 16
+
+    *_, (_, stats, state) = tab_summarize.summarize_stream(store, ARTICLE, *DECODING)
+    assert "Truncated" in stats and "first 16 tokens" in stats
+    maps = tab_attention.get_maps(store, tab_attention.MapsCache(), state)
+    assert len(maps.source_tokens) == 16 and maps.cross.shape[-1] == 16

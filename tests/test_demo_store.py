@@ -2,6 +2,7 @@
 the bundled fallback, and the single MLX worker thread."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from b2b import B2BConfig, Bert2Bert, Tokenizer, save_checkpoint, summarize
+from b2b import DECODING_FILE, B2BConfig, Bert2Bert, Tokenizer, save_checkpoint, summarize
 from demo.store import CheckpointStore, NoCheckpoint, find_checkpoints
 from demo.worker import ModelWorker
 
@@ -223,3 +224,12 @@ def test_a_summary_in_flight_finishes_on_the_model_it_started_with(tmp_path, tin
     assert store.refresh() and store.current().step == 20  # swapped mid-request
     *_, (summary, stats, state) = stream
     assert state["checkpoint"] == first and "tokens/s" in stats
+
+
+def test_a_decoding_file_added_beside_the_weights_is_reloaded(tmp_path, tiny_pair):
+    path = write_ckpt(tiny_pair, tmp_path, 10, age=100)
+    store = store_for(tmp_path)
+    assert store.refresh() and store.current().model.source_limit == tiny_pair[0].config.max_positions
+    with open(os.path.join(path, DECODING_FILE), "w") as f:
+        json.dump({"max_source_length": 16}, f)
+    assert store.refresh() and store.current().model.source_limit == 16

@@ -289,5 +289,7 @@ def test_finetune_command_trains_a_pointer_and_resumes_it(tmp_path):
     saved = tmp_path / "run" / "checkpoints" / "step_0000002"
     model, _ = load_checkpoint(str(saved))
     assert model.config.pointer_generator
+    assert model.trained_source_length == 64  # the checkpoint's decoding.json: decoding reads as much
     assert finetune.main(args + ["--resume", "--max-steps", "3"]) == 0  # the saved settings keep the pointer
-    assert load_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_0000003"))[0].config.pointer_generator
+    resumed, _ = load_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_0000003"))
+    assert resumed.config.pointer_generator and resumed.trained_source_length == 64

@@ -14,6 +14,7 @@ def test_runtime_info_fields():
     info = b2b.runtime_info()
     for key in ("mlx", "device", "blas"):
         assert info[key]
+    assert "device_name" in info  # the GPU's or CPU's name where MLX can say (model cards name it)
 
 
 def test_linux_uses_an_optimized_blas():

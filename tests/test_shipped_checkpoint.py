@@ -32,3 +32,8 @@ def test_summarizes_a_news_article_into_clean_sentences():
     assert text and text[0].isupper()
     assert not re.search(r"\[(UNK|SEP|CLS|PAD|MASK)\]|##", text)
     assert not re.search(r" [.,!?;:]", text)  # punctuation is attached: detokenized
+
+
+def test_reads_the_source_length_it_was_trained_on():
+    model, _ = b2b.load_checkpoint(str(SHIPPED))
+    assert model.source_limit == 320  # decoding.json: at 512 these weights summarize measurably worse

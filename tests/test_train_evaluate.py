@@ -78,3 +78,16 @@ def test_evaluate_cli_reports_a_missing_checkpoint(tmp_path, caplog):
     rc = evaluate.main(["--checkpoint", str(tmp_path / "none"), "--data", str(FIXTURES / "cnndm_sample.jsonl"), "--limit", "2"])
     assert rc != 0
     assert "No checkpoint folder" in caplog.text
+
+
+def test_the_default_source_length_is_the_checkpoints_and_the_report_names_it(tmp_path, tiny_model, tokenizer):
+    tiny_model.trained_source_length = 24
+    try:
+        ckpt = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "trained"))
+    finally:
+        tiny_model.trained_source_length = None
+    path = str(FIXTURES / "cnndm_sample.jsonl")
+    for extra, expected in (([], 24), (["--max-source-length", "40"], 40)):
+        out = tmp_path / f"r{expected}.json"
+        assert evaluate.main(["--checkpoint", ckpt, "--data", path, "--limit", "2", "--max-length", "4", "--out", str(out), *extra]) == 0
+        assert json.loads(out.read_text())["settings"]["max_source_length"] == expected

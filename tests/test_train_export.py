@@ -89,3 +89,13 @@ def test_the_card_names_the_machines_the_run_trained_on_not_the_exporting_one(tm
     (run / "metrics.jsonl").unlink()  # nothing recorded: this machine, said to be so
     assert export_main(["--checkpoint", ckpt, "--out", str(tmp_path / "out2"), "--dtype", "float32"]) == 0
     assert "(the exporting machine: the run recorded none)" in (tmp_path / "out2" / "MODEL_CARD.md").read_text()
+
+
+def test_averaging_refuses_checkpoints_trained_on_other_source_lengths(tmp_path, tiny_model, tokenizer):
+    paths = []
+    for n in (24, 40):
+        tiny_model.trained_source_length = n
+        paths.append(save_checkpoint(tiny_model, tokenizer, str(tmp_path / f"ck{n}")))
+    tiny_model.trained_source_length = None
+    assert export_main(["--checkpoint", paths[0], "--average", paths[1], "--out", str(tmp_path / "avg")]) == 2
+    assert not (tmp_path / "avg").exists()

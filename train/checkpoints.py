@@ -106,3 +106,21 @@ def restore(path: str, optimizer: optim.Optimizer) -> tuple[Bert2Bert, Tokenizer
     else:
         log.warning("No %s in %s: the optimizer restarts from zero moments.", OPTIMIZER, path)
     return model, tokenizer, TrainerState.load(path)
+
+
+def load_for_decoding(path: str, dtype: str | None = None) -> tuple[Bert2Bert, Tokenizer]:
+    """`load_checkpoint`, plus the source length a summarization run checkpoint written before
+    decoding.json existed was trained on, from its run's settings.json (`max_source_len`):
+    without it such a checkpoint would be read at every position, not at its training length."""
+    model, tokenizer = load_checkpoint(path, dtype=dtype)
+    if model.trained_source_length is None and os.path.isfile(os.path.join(path, STATE)):
+        settings = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "settings.json")
+        try:
+            with open(settings) as f:
+                n = json.load(f).get("max_source_len")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            n = None
+        if TrainerState.load(path).task == "summarization" and isinstance(n, int) and n >= 3:
+            model.trained_source_length = min(n, model.config.max_positions)
+            log.info("%s has no decoding.json: reading %d source tokens, its run's --max-source-len.", path, model.trained_source_length)
+    return model, tokenizer

@@ -18,8 +18,9 @@ from typing import Callable
 
 import numpy as np
 
-from b2b import Bert2Bert, DecodingConfig, Tokenizer, lead3, load_checkpoint, rouge_scores, summarize
+from b2b import Bert2Bert, DecodingConfig, Tokenizer, lead3, rouge_scores, summarize
 
+from .checkpoints import load_for_decoding
 from .command import setup_logging
 from .data import load_summarization_pairs
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if a.skip < 0 or a.limit < 0:
             raise ValueError(f"--skip and --limit cannot be negative (got {a.skip} and {a.limit}).")
-        model, tokenizer = load_checkpoint(a.checkpoint)
+        model, tokenizer = load_for_decoding(a.checkpoint)
         data = load_summarization_pairs(a.data, a.article_field, a.summary_field, split=a.split, limit=(a.skip + a.limit) or None)
         if a.skip:
             if a.skip >= len(data):

@@ -17,9 +17,9 @@ import sys
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from b2b import Bert2Bert, Tokenizer, dtype_name, load_checkpoint, runtime_info, save_checkpoint
+from b2b import Bert2Bert, Tokenizer, dtype_name, runtime_info, save_checkpoint
 
-from .checkpoints import STATE, TrainerState
+from .checkpoints import STATE, TrainerState, load_for_decoding
 from .command import setup_logging
 from .writer import SETTINGS_TAG
 
@@ -40,12 +40,17 @@ def average_checkpoints(paths: list[str]) -> tuple[Bert2Bert, Tokenizer]:
     (Vaswani et al. 2017 averaged their last 5 to 20 checkpoints)."""
     if not paths:
         raise ValueError("No checkpoints to average.")
-    model, tokenizer = load_checkpoint(paths[0], dtype="float32")
+    model, tokenizer = load_for_decoding(paths[0], dtype="float32")
     total = dict(tree_flatten(model.parameters()))
     for path in paths[1:]:
-        other, _ = load_checkpoint(path, dtype="float32")
+        other, _ = load_for_decoding(path, dtype="float32")
         if other.config != model.config:
             raise ValueError(f"{path} has another architecture than {paths[0]} (config.json differs): cannot average them.")
+        if other.trained_source_length != model.trained_source_length:
+            raise ValueError(
+                f"{path} was trained on {other.trained_source_length or 'all'} source tokens and {paths[0]} on "
+                f"{model.trained_source_length or 'all'}: average checkpoints of one source length."
+            )
         for name, w in tree_flatten(other.parameters()):
             total[name] = total[name] + w
     model.load_weights([(name, w / len(paths)) for name, w in total.items()])
@@ -72,7 +77,7 @@ def training_hardware(run_dir: str) -> str:
                     continue
                 try:
                     runtime = json.loads(json.loads(line).get("text", "{}")).get("runtime")
-                except (json.JSONDecodeError, AttributeError):
+                except (json.JSONDecodeError, AttributeError, TypeError):
                     continue
                 if isinstance(runtime, dict) and _hardware(runtime) not in seen:
                     seen.append(_hardware(runtime))
@@ -119,7 +124,7 @@ def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | No
         "## Results",
     ]
     if state.last_eval:
-        lines.append("Validation during training (greedy, first articles of the validation split): "
+        lines.append("Validation during training (the first pairs of the validation split; ROUGE, if any, by greedy decoding): "
                      + ", ".join(f"{k} {v}" for k, v in sorted(state.last_eval.items())))
     for path in sorted(glob.glob(os.path.join(ckpt, "eval_*.json"))):
         with open(path) as f:
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         a.dtype = dtype_name(a.dtype)
-        model, tokenizer = average_checkpoints([a.checkpoint, *a.average]) if a.average else load_checkpoint(a.checkpoint)
+        model, tokenizer = average_checkpoints([a.checkpoint, *a.average]) if a.average else load_for_decoding(a.checkpoint)
         card = model_card(a.checkpoint, model, a.dtype, a.average)
         if a.notes:
             with open(a.notes, encoding="utf-8") as f:
