@@ -61,9 +61,11 @@ def save_checkpoint(
     safetensors files (e.g. optimizer.safetensors) inside the same atomic write."""
     if dtype is not None:
         dtype = dtype_name(dtype, SAVE_DTYPES)
-    n = model.trained_source_length
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 3 <= n <= model.config.max_positions):
-        raise CheckpointError(f"trained_source_length must be None or a whole number from 3 to {model.config.max_positions}, got {n!r}.")
+    if model.trained_source_length is not None and not _readable_length(model.trained_source_length, model.config.max_positions):
+        raise CheckpointError(
+            f"trained_source_length must be None or a whole number from 3 to {model.config.max_positions}, "
+            f"got {model.trained_source_length!r}."
+        )
     path = os.path.abspath(path)
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -176,6 +178,11 @@ def load_checkpoint(path: str, dtype: str | None = None) -> tuple[Bert2Bert, Tok
     return model, tokenizer
 
 
+def _readable_length(n: object, max_positions: int) -> bool:
+    """A source length a model can be told to read: [CLS], a word and [SEP], up to its positions."""
+    return isinstance(n, int) and not isinstance(n, bool) and 3 <= n <= max_positions
+
+
 def _trained_source_length(path: str, max_positions: int) -> int | None:
     """decoding.json's max_source_length (None without the file: older checkpoints, Hugging Face folders)."""
     file = os.path.join(path, DECODING_FILE)
@@ -188,7 +195,7 @@ def _trained_source_length(path: str, max_positions: int) -> int | None:
         raise CheckpointError(f"{file} must be a JSON object like {{\"max_source_length\": 320}} ({e}).") from e
     if n is None:
         return None
-    if isinstance(n, bool) or not isinstance(n, int) or not 3 <= n <= max_positions:
+    if not _readable_length(n, max_positions):
         raise CheckpointError(f"{file}: max_source_length must be a whole number from 3 to {max_positions}, got {n!r}.")
     return n
 

@@ -51,6 +51,22 @@ def step_dir(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, "checkpoints", f"step_{step:07d}")
 
 
+def run_dir_of(checkpoint: str) -> str:
+    """The run folder a `RUN/checkpoints/step_N` checkpoint belongs to (step_dir's inverse)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))
+
+
+def read_run_settings(run_dir: str) -> dict:
+    """The run's settings.json as written at its start; {} when absent or unreadable (a shipped
+    folder, a hand-made checkpoint): callers use it to describe, never to resume."""
+    try:
+        with open(os.path.join(run_dir, "settings.json"), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
     """(step, path) of the complete checkpoints of a run, oldest first."""
     root = os.path.join(run_dir, "checkpoints")
@@ -114,12 +130,7 @@ def load_for_decoding(path: str, dtype: str | None = None) -> tuple[Bert2Bert, T
     without it such a checkpoint would be read at every position, not at its training length."""
     model, tokenizer = load_checkpoint(path, dtype=dtype)
     if model.trained_source_length is None and os.path.isfile(os.path.join(path, STATE)):
-        settings = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "settings.json")
-        try:
-            with open(settings) as f:
-                n = json.load(f).get("max_source_len")
-        except (OSError, json.JSONDecodeError, AttributeError):
-            n = None
+        n = read_run_settings(run_dir_of(path)).get("max_source_len")
         if TrainerState.load(path).task == "summarization" and isinstance(n, int) and n >= 3:
             model.trained_source_length = min(n, model.config.max_positions)
             log.info("%s has no decoding.json: reading %d source tokens, its run's --max-source-len.", path, model.trained_source_length)

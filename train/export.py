@@ -19,9 +19,9 @@ from mlx.utils import tree_flatten
 
 from b2b import Bert2Bert, Tokenizer, dtype_name, runtime_info, save_checkpoint
 
-from .checkpoints import STATE, TrainerState, load_for_decoding
+from .checkpoints import STATE, TrainerState, load_for_decoding, read_run_settings, run_dir_of
 from .command import setup_logging
-from .writer import SETTINGS_TAG
+from .writer import read_run_starts
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +70,10 @@ def training_hardware(run_dir: str) -> str:
     """The machines a run trained on, as its metrics.jsonl recorded them at each start (a resumed
     run can move); this machine, said to be so, when the run recorded none."""
     seen: list[str] = []
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            for line in f:
-                if SETTINGS_TAG not in line:
-                    continue
-                try:
-                    runtime = json.loads(json.loads(line).get("text", "{}")).get("runtime")
-                except (json.JSONDecodeError, AttributeError, TypeError):
-                    continue
-                if isinstance(runtime, dict) and _hardware(runtime) not in seen:
-                    seen.append(_hardware(runtime))
-    except OSError:
-        pass
+    for start in read_run_starts(run_dir):
+        runtime = start.get("runtime")
+        if isinstance(runtime, dict) and _hardware(runtime) not in seen:
+            seen.append(_hardware(runtime))
     return " and ".join(seen) if seen else f"{_hardware(runtime_info())} (the exporting machine: the run recorded none)"
 
 
@@ -90,11 +81,8 @@ def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | No
     """Markdown describing how `model`, loaded from `ckpt`, was made and how well it does;
     `averaged` lists the other checkpoints whose weights were averaged with `ckpt`'s."""
     state = TrainerState.load(ckpt) if os.path.isfile(os.path.join(ckpt, STATE)) else TrainerState()
-    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
-    settings = {}
-    if os.path.isfile(os.path.join(run_dir, "settings.json")):
-        with open(os.path.join(run_dir, "settings.json")) as f:
-            settings = json.load(f)
+    run_dir = run_dir_of(ckpt)
+    settings = read_run_settings(run_dir)
     cfg = model.config
     pointer = ", with a pointer-generator (See et al. 2017) that copies source tokens" if cfg.pointer_generator else ""
     lines = [

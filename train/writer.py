@@ -220,6 +220,21 @@ def read_metrics(path: str) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+def read_run_starts(path: str) -> list[dict]:
+    """What each start of a run recorded under `run/settings` (settings, model, runtime), oldest
+    first: a resumed run has one per start, all at step 0, which read_texts would merge."""
+    starts = []
+    for entry in _read_entries(path):
+        if entry["tag"] == SETTINGS_TAG:
+            try:
+                record = json.loads(entry.get("text") or "")
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                starts.append(record)
+    return starts
+
+
 def read_texts(path: str) -> dict[str, list[tuple[int, str]]]:
     """Text entries by tag, `{"val/sample": [(step, text), ...]}` (same rules as read_metrics)."""
     out: dict[str, list[tuple[int, str]]] = {}
