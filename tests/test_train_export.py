@@ -66,6 +66,12 @@ def test_export_averages_checkpoints_weights_and_says_so_on_the_card(tmp_path, t
         assert mx.allclose(got[name], (each[0][name] + each[1][name] + each[2][name]) / 3, atol=1e-6)
     assert "the mean of 3 checkpoints' (step_0000003, step_0000001, step_0000002)" in (out / "MODEL_CARD.md").read_text()
 
+    # a run that changed only the dropout (`--dropout`) has the same weights' shapes: it averages
+    mx.random.seed(4)
+    dropped = save_checkpoint(Bert2Bert(dataclasses.replace(tiny_config, dropout=0.3)), tokenizer, str(tmp_path / "drop"))
+    assert export_main(["--checkpoint", paths[0], "--average", dropped, "--out", str(tmp_path / "avg2"), "--dtype", "float32"]) == 0
+    assert load_checkpoint(str(tmp_path / "avg2"))[0].config == tiny_config  # the first checkpoint's architecture
+
     other = dataclasses.replace(tiny_config, ffn_size=tiny_config.ffn_size * 2)
     odd = save_checkpoint(Bert2Bert(other), tokenizer, str(tmp_path / "odd"))
     assert export_main(["--checkpoint", paths[0], "--average", odd, "--out", str(tmp_path / "bad")]) == 2

@@ -8,6 +8,7 @@ any `eval_*.json` reports written by `train.evaluate` in the checkpoint folder).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import logging
@@ -44,7 +45,9 @@ def average_checkpoints(paths: list[str]) -> tuple[Bert2Bert, Tokenizer]:
     total = dict(tree_flatten(model.parameters()))
     for path in paths[1:]:
         other, _ = load_for_decoding(path, dtype="float32")
-        if other.config != model.config:
+        # Dropout is a training setting, not the shape of the weights: runs that changed it
+        # (`--dropout`) still average.
+        if dataclasses.replace(other.config, dropout=model.config.dropout) != model.config:
             raise ValueError(f"{path} has another architecture than {paths[0]} (config.json differs): cannot average them.")
         if other.trained_source_length != model.trained_source_length:
             raise ValueError(
