@@ -12,11 +12,15 @@ pytestmark = pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), r
 
 
 def test_fits_the_size_budget_and_has_a_card_with_its_reports():
-    total = sum(f.stat().st_size for f in SHIPPED.iterdir())
-    assert total <= 60 * 2**20
     card = (SHIPPED / "MODEL_CARD.md").read_text()
-    for report in SHIPPED.glob("eval_*.json"):
-        rep = json.loads(report.read_text())
+    # The reports the card was built from; a user's own `train.evaluate --checkpoint
+    # demo/checkpoint` writes more eval_* files here (git-ignored) that the card cannot know.
+    reports = set(re.findall(r"`(eval_[\w.-]+\.json)`", card))
+    assert {"eval_test_beam1.json", "eval_test_beam4.json"} <= reports
+    shipped = [f for f in SHIPPED.iterdir() if not f.name.startswith("eval_") or f.name in reports]
+    assert sum(f.stat().st_size for f in shipped) <= 60 * 2**20
+    for name in reports:
+        rep = json.loads((SHIPPED / name).read_text())
         assert f"| model | {rep['model']['rouge1']:.2f} |" in card
     assert "CNN/DailyMail" in card and "MiniLM" in card
 
