@@ -236,6 +236,7 @@ class CheckpointStore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.swaps = 0
+        self._gone: str | None = None  # the served folder, once seen deleted (logged once)
 
     # -- what requests use ---------------------------------------------------------------
 
@@ -292,6 +293,13 @@ class CheckpointStore:
         True when the served model changed."""
         with self._refresh_lock:
             served = self.current()
+            if served is not None and not self.pinned and not is_checkpoint(served.path):
+                # Deleted (a test run removed, a run pruned): any remaining checkpoint, or the
+                # bundled one, replaces it; with none, its weights stay in memory and serve on.
+                if self._gone != served.path:
+                    log.info("The served checkpoint %s is gone; looking for another.", served.path)
+                    self._gone = served.path
+                served = None
             now = time.time()
             for cand in self.candidates():  # best first
                 if served is not None and not _better(cand, served.candidate):

@@ -132,6 +132,22 @@ def test_bundled_fallback_until_training_writes_one(tmp_path, tiny_pair):
     assert store.refresh() and store.current().candidate.source == "watch"
 
 
+def test_deleting_the_served_checkpoint_falls_back_to_what_remains(tmp_path, tiny_pair):
+    bundled = write_ckpt(tiny_pair, tmp_path / "shipped", 7)
+    watch = tmp_path / "logs"
+    older = write_ckpt(tiny_pair, watch, 1, age=1000, run="a")
+    newer = write_ckpt(tiny_pair, watch, 3, run="b")
+    store = store_for(watch, fallback=bundled)
+    assert store.refresh() and store.current().path == newer
+    shutil.rmtree(watch / "b")  # e.g. a tiny test run, deleted
+    assert store.refresh() and store.current().path == older
+    shutil.rmtree(watch / "a")
+    assert store.refresh() and store.current().candidate.source == "bundled"
+    shutil.rmtree(tmp_path / "shipped")  # nothing left: the weights in memory serve on
+    assert store.refresh() is False and store.current().path == bundled
+    assert store.info()["status"] == "serving"
+
+
 def test_a_checkpoint_pruned_while_loading_is_ignored_quietly(tmp_path, tiny_pair):
     write_ckpt(tiny_pair, tmp_path, 10)
 
