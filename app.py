@@ -61,10 +61,18 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("--share without --auth: anyone with the link can use this app.")
     app = build_app(store, a.watch, a.concurrency)
     app.queue(default_concurrency_limit=a.concurrency, max_size=a.queue_size)
-    app.launch(
-        server_name=a.host, server_port=a.port, share=a.share, auth=auth, theme=THEME, css=CSS,
-        show_error=False, max_file_size="200mb", footer_links=["api", "settings"], prevent_thread_lock=True,
-    )
+    try:
+        app.launch(
+            server_name=a.host, server_port=a.port, share=a.share, auth=auth, theme=THEME, css=CSS,
+            show_error=False, max_file_size="200mb", footer_links=["api", "settings"], prevent_thread_lock=True,
+        )
+    except OSError as e:  # Gradio's "Cannot find empty port ...": say it in one sentence
+        store.stop()
+        if "port" not in str(e).lower():
+            raise
+        print(f"app.py: port {a.port} on {a.host} is in use (another app.py?): stop that, or pass another --port.",
+              file=sys.stderr)
+        return 2
     if a.share and not app.share_url:  # no network: Gradio gives up on the link, we keep serving
         log.warning("Could not create a share link; serving locally only at %s", app.local_url)
     try:
