@@ -9,11 +9,13 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 from typing import Callable
 
 import gradio as gr
 
 log = logging.getLogger(__name__)
+_UPLOAD_DIR = re.compile(r"(?:/[^\s/]+)*/gradio/[0-9a-f]{16,}/")
 USER_ERRORS = (ValueError, FileNotFoundError)
 
 
@@ -23,6 +25,8 @@ def sentence(error: BaseException) -> str:
         return "The input is not UTF-8 text."
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     text = text.strip().strip("'\"")
+    # Uploads live in Gradio's cache (/tmp/gradio/<hash>/name.jsonl): the user knows the name.
+    text = _UPLOAD_DIR.sub("", text)
     if len(text) > 400:
         text = text[:397] + "..."
     return text if text.endswith((".", "!", "?")) else text + "."

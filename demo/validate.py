@@ -183,8 +183,16 @@ def _number(value: object, label: str, integer: bool, low: float, high: float) -
             raise BadInput(f"{label} must be a whole number, not {number:g}.")
         number = int(number)
     if not low <= number <= high:
-        raise BadInput(f"{label} must be between {low:g} and {high:g}, not {number:g}.")
+        raise BadInput(f"{label} must be between {_plain(low)} and {_plain(high)}, not {_plain(number)}.")
     return number
+
+
+def _plain(x: float) -> str:
+    """A number as people write it: 2,147,483,647 rather than 2.14748e+09; 0.95 as is."""
+    x = float(x)
+    if x.is_integer() and abs(x) < 1e18:
+        return f"{int(x):,}"
+    return f"{x:g}"
 
 
 def _flag(value: object, label: str) -> bool:

@@ -171,9 +171,19 @@ def test_decoding_kwargs_per_strategy():
         (("sampling", 1, 1.0, 3, 0, 20, 1.0, 50, 0.0), "Top-p must be above 0"),
         (("greedy", 1, 1.0, "x"), "must be a number"),
         (("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 0.8), "Repetition penalty must be between 1"),
+        (("sampling", 1, 1.0, 3, 0, 20, 0.7, 40, 0.9, 10**14), "between -1 and 2,147,483,647, not 100,000,000,000,000"),
     ],
 )
 def test_invalid_decoding_settings_get_one_sentence(args, message):
     with pytest.raises(BadInput, match=message) as err:
         decoding_kwargs(*args)
     assert "\n" not in str(err.value) and str(err.value).endswith(".")
+
+
+def test_an_uploads_cache_folder_is_left_out_of_the_sentence():
+    from demo.errors import sentence
+
+    cached = "/tmp/gradio/" + "ab12" * 16 + "/val6.jsonl"
+    error = ValueError(f"{cached} line 1 has no field 'nope'; its fields are: article, highlights")
+    assert sentence(error) == "val6.jsonl line 1 has no field 'nope'; its fields are: article, highlights."
+    assert sentence(ValueError("logs/run/x.jsonl is empty")) == "logs/run/x.jsonl is empty."  # other paths stay
