@@ -39,19 +39,19 @@ class FinetuneSettings(TrainSettings):
     data: str = field(default="tests/fixtures/cnndm_tok_sample.jsonl.gz", metadata={"help": "JSONL/JSONL.GZ/CSV/Parquet, or a hub dataset name"})
     data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. 3.0.0 for cnn_dailymail"})
     val_data: str = field(default="", metadata={"help": "validation pairs (default: the validation split of a --data folder, else 2%% of --data held out)"})
-    article_field: str = "article"
-    summary_field: str = "highlights"
+    article_field: str = field(default="article", metadata={"help": "field holding the article (JSONL key or CSV column)"})
+    summary_field: str = field(default="highlights", metadata={"help": "field holding the reference summary: a string, or a list of sentences"})
     limit: int = field(default=0, metadata={"help": "use only the first N training pairs (0: all)"})
-    max_source_len: int = 512
-    max_target_len: int = 128
+    max_source_len: int = field(default=512, metadata={"help": "article tokens kept (the rest is cut); recorded in each checkpoint's decoding.json"})
+    max_target_len: int = field(default=128, metadata={"help": "summary tokens trained on (the rest is cut)"})
     keep_update_labels: bool = field(default=False, metadata={"help": 'keep CNN\'s "NEW:" label at the start of training summary lines (removed by default: 8%% of CNN/DM\'s training pairs have one, its test set none)'})
     share: bool = field(default=False, metadata={"help": "BERTShare: the decoder reuses the encoder's weights"})
     pointer_generator: bool = field(default=False, metadata={"help": "add a pointer-generator (copying source tokens, See et al. 2017) to a model that has none; its copy attention starts from the last cross-attention"})
-    label_smoothing: float = 0.0
+    label_smoothing: float = field(default=0.0, metadata={"help": "share of each target's probability spread over the vocabulary (0: off; 0.1 is common)"})
     coverage: float = field(default=0.0, metadata={"help": "weight of See et al.'s coverage loss on the pointer's copy attention (pointer-generator models; 0: off; they used 1)"})
     val_examples: int = field(default=200, metadata={"help": "validation pairs for val/loss"})
     rouge_examples: int = field(default=50, metadata={"help": "validation articles summarized for ROUGE (0: none)"})
-    eval_num_beams: int = 1
+    eval_num_beams: int = field(default=1, metadata={"help": "beams for the validation ROUGE summaries (1: greedy, fastest)"})
     samples: int = field(default=3, metadata={"help": "sample summaries written as text at each evaluation"})
     lr: float = 5e-5
     batch_size: int = 8

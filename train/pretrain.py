@@ -34,10 +34,10 @@ class PretrainSettings(TrainSettings):
     data: str = field(default="tests/fixtures/wikitext_sample.tokens", metadata={"help": "text file/folder, or a hub dataset name"})
     data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. wikitext-2-raw-v1"})
     val_data: str = field(default="", metadata={"help": "validation text (default: the validation files of a --data folder, else 2%% of --data held out)"})
-    block_size: int = 128
+    block_size: int = field(default=128, metadata={"help": "tokens per training block (text is packed into blocks)"})
     nsp: bool = field(default=False, metadata={"help": "add next-sentence prediction"})
-    mask_rate: float = 0.15
-    val_batches: int = 20
+    mask_rate: float = field(default=0.15, metadata={"help": "share of tokens chosen for the MLM loss (BERT: 80%% [MASK], 10%% random, 10%% kept)"})
+    val_batches: int = field(default=20, metadata={"help": "validation batches for val/loss and accuracy"})
     lr: float = 5e-4
     out: str = "logs/mlm"
 

@@ -35,26 +35,26 @@ class TrainSettings:
     out: str = field(default="logs/run", metadata={"help": "run folder: events, metrics.jsonl, checkpoints/"})
     preset: str = field(default="seed", metadata={"help": "architecture preset: tiny, seed, minilm, base"})
     init: str = field(default="", metadata={"help": "warm start: a b2b checkpoint, a run folder (its newest checkpoint) or a Hugging Face BERT folder / hub id"})
-    seed: int = 0
-    batch_size: int = 16
+    seed: int = field(default=0, metadata={"help": "random seed: initialisation, data order, masking and dropout"})
+    batch_size: int = field(default=16, metadata={"help": "examples per micro-batch"})
     grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
-    lr: float = 1e-4
-    weight_decay: float = 0.01
+    lr: float = field(default=1e-4, metadata={"help": "peak learning rate (AdamW), reached after --warmup-steps"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay, decoupled from the gradient step"})
     new_lr_scale: float = field(default=1.0, metadata={"help": "learning-rate multiplier for weights a warm start leaves freshly initialised (cross-attention, a pointer-generator)"})
-    warmup_steps: int = 500
+    warmup_steps: int = field(default=500, metadata={"help": "steps of linear learning-rate warm-up from 0"})
     schedule: str = field(default="linear", metadata={"help": "decay after warmup: linear, cosine or constant"})
     max_steps: int = field(default=0, metadata={"help": "optimizer steps (0: use --epochs)"})
-    epochs: float = 1.0
+    epochs: float = field(default=1.0, metadata={"help": "passes over the training data, when --max-steps is 0 (may be fractional)"})
     clip_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this (0: no clipping)"})
     dropout: float = field(default=-1.0, metadata={"help": "override the architecture's dropout (-1: keep)"})
-    log_every: int = 10
+    log_every: int = field(default=10, metadata={"help": "steps between logged training loss / speed points"})
     eval_every: int = field(default=500, metadata={"help": "steps between evaluations (0: none)"})
     save_every: int = field(default=500, metadata={"help": "steps between checkpoints (0: only at the end, on Ctrl-C and at a new best)"})
     keep_last: int = field(default=2, metadata={"help": "newest checkpoints to keep besides the best (at least 1)"})
     save_dtype: str = field(default="float32", metadata={"help": "weights precision in checkpoints"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its newest checkpoint; its settings.json gives the defaults, and flags that would change the data or model are refused"})
     max_bad_steps: int = field(default=5, metadata={"help": "consecutive non-finite losses or gradient norms before the run stops"})
-    flush_secs: float = 2.0
+    flush_secs: float = field(default=2.0, metadata={"help": "seconds between writes of metrics.jsonl and the TensorBoard events (what live curves see)"})
     cpu_shards: int = field(default=0, metadata={"help": "on the CPU, split each batch across this many threads, one core each (0: one per core; 1: off)"})
 
     def validate(self) -> None:
@@ -145,12 +145,22 @@ def build_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
     for f in dataclasses.fields(cls):
         flag = _flag(f.name)
         kind = hints[f.name]
-        help_text = f.metadata.get("help", " ")
+        help_text = _help(cls, f.name)
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=f.default, help=help_text)
     return parser
+
+
+def _help(cls: type, name: str) -> str:
+    """A field's help text; a subclass that only changes a default (`lr: float = 5e-5`) keeps
+    the help its base class wrote."""
+    for klass in cls.__mro__:
+        for f in dataclasses.fields(klass) if dataclasses.is_dataclass(klass) else ():
+            if f.name == name and f.metadata.get("help"):
+                return f.metadata["help"]
+    return name.replace("_", " ")
 
 
 def parse_settings(cls: type, argv: list[str] | None = None, description: str = "") -> TrainSettings:
