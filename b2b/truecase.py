@@ -10,6 +10,7 @@ import re
 from collections import Counter, defaultdict
 
 _WORD = re.compile(r"[^\W\d_](?:[\w'’.-]*\w)?")
+_POSSESSIVE = re.compile(r"['’]s$", re.IGNORECASE)
 _SENTENCE_START = re.compile(r"(?:^|[.!?:][\"'’”)\]]*\s+|\n\s*|[\"“(]\s*)$")
 
 
@@ -21,6 +22,9 @@ def casing_table(source: str) -> dict[str, str]:
         if start == 0 or _SENTENCE_START.search(source[max(0, start - 4) : start]):
             continue
         counts[m.group().lower()][m.group()] += 1
+        stem = _POSSESSIVE.sub("", m.group())
+        if stem != m.group():  # "Italy's": a summary may say "italy" alone
+            counts[stem.lower()][stem] += 1
         if "-" in m.group():  # "Radnor-Wayne": a summary may copy "radnor" alone
             for part in m.group().split("-"):
                 if part[:1].isalpha():
@@ -39,6 +43,9 @@ def apply_casing(summary: str, table: dict[str, str]) -> str:
     def fix(m: re.Match) -> str:
         word = m.group()
         form = table.get(word.lower())
+        if form is None and _POSSESSIVE.search(word):  # "france's" where the source has "France"
+            stem = table.get(_POSSESSIVE.sub("", word).lower())
+            form = stem + word[len(_POSSESSIVE.sub("", word)):] if stem else None
         if form is None or form == form.lower():
             return word  # not in the source, or a common word: keep the sentence-start capital
         return form

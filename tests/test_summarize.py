@@ -67,6 +67,9 @@ def test_truecase_restores_names_from_the_source():
     source = "Rory McIlroy threw a club. The club landed in the water, McIlroy said at the WGC event."
     assert truecase("Rory mcilroy threw his club at the wgc event.", source) == "Rory McIlroy threw his club at the WGC event."
     assert truecase("The club sank.", source) == "The club sank."  # sentence-start capitals stay
+    # possessives: the source's "Italy's" cases "italy", its "France" cases "france's"
+    src = "Officials met Italy's leader. He flew to France on Monday."
+    assert truecase("The leader of italy visited france's capital.", src) == "The leader of Italy visited France's capital."
     # Parts of a hyphenated name keep its casing when the summary copies one alone.
     assert truecase("He was seen in the radnor area.", "Seen in the Radnor-Wayne area.") == "He was seen in the Radnor area."
     assert truecase("A self-made man.", "He is a self-made man.") == "A self-made man."  # common words stay lowercase
