@@ -298,6 +298,18 @@ def test_training_tab_shows_served_checkpoint_and_live_curves(store, run_dir):
     assert len(loss3.data[0].x) == 11
 
 
+def test_training_tab_quotes_the_eval_report_of_an_exported_model(tmp_path):
+    shipped = save_checkpoint(Bert2Bert(B2BConfig.preset("tiny")), Tokenizer.default(), str(tmp_path / "shipped"))
+    report = {"n": 1000, "model": {"rouge1": 31.6, "rouge2": 11.85, "rougeLsum": 29.01},
+              "lead3": {"rouge1": 29.5, "rouge2": 11.26, "rougeLsum": 26.29}, "settings": {"num_beams": 4}}
+    (tmp_path / "shipped" / "eval_test_beam4.json").write_text(json.dumps(report))
+    store = CheckpointStore(str(tmp_path / "logs"), fallback=shipped, settle_seconds=0.0)
+    assert store.refresh()
+    md = tab_training.served_markdown(store)
+    assert "Validation at that step:** not recorded" in md  # no trainer state beside the weights
+    assert "Evaluated:** Measured on 1,000 test articles, beam 4: ROUGE-2 11.8 / ROUGE-Lsum 29.0" in md
+
+
 def test_training_tab_without_runs(empty_store, tmp_path):
     md, _, loss, _, _, _ = tab_training.refresh(empty_store, str(tmp_path), None, None)
     assert "No checkpoint is served yet" in md
