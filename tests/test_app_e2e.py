@@ -32,6 +32,16 @@ def write_tiny_checkpoint(root: Path, step: int) -> str:
     return str(path)
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): end the server when pytest itself is killed, where
+    the `finally` below never runs."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def launch_app(watch: Path, log_path: Path, *extra: str):
     """Start app.py on a free port; yield its URL; stop it. Fails with the log's tail if the
@@ -40,7 +50,8 @@ def launch_app(watch: Path, log_path: Path, *extra: str):
     env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "app.py", "--port", str(port), "--watch", str(watch), "--poll-seconds", "0.5", "--fallback", ""]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([*cmd, *extra], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*cmd, *extra], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
     url = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.time() + STARTUP_SECONDS
