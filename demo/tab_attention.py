@@ -32,6 +32,8 @@ NO_POINTER = ("This model has no pointer-generator, so nothing is copied: choose
 MEAN, GRID = "mean over heads", "all heads (grid)"
 MODES = {"Window of tokens": "window", "Pool into spans": "aggregate"}
 GRID_LIMIT = 48  # rows/columns per small heatmap in the grid of heads
+SIZE_MIN, SIZE_MAX = 16, 256  # "Source tokens shown"
+WINDOW_TAIL = 16  # the window may start no later than this many tokens before the source's end
 SUMMARY_LIMIT = 256  # summary tokens shown one per row before they are pooled
 PLACEHOLDER = "Summarize a text on the Summarize tab: its attention shows here."
 
@@ -94,6 +96,65 @@ def head_choices(num_heads: int) -> list[str]:
     return [MEAN, GRID] + [f"head {h}" for h in range(num_heads)]
 
 
+def highlight_label(kind: str) -> str:
+    """The highlighted source's label: it names the attention the highlight comes from."""
+    by = "copy attention" if KINDS.get(kind, kind) == "copy" else "cross-attention"
+    return f"Source, highlighted by {by} (words above {STANDS_OUT:g}× an even share; strongest = 1)"
+
+
+@dataclass
+class Position:
+    """Layer, window start and window size, each within what the summary's maps allow;
+    `notices` says in one sentence each what was out of range and what is shown instead."""
+    layer: int
+    start: int
+    size: int
+    notices: list[str]
+
+
+def _whole(value: object) -> int | None:
+    try:
+        return int(round(float(value)))
+    except (TypeError, ValueError):  # a number box being retyped sends null
+        return None
+
+
+def clamp_position(
+    maps: AttentionMaps, kind: str, layer: object, start: object, size: object, typing: bool = False
+) -> Position | None:
+    """The typed (or dragged) layer/start/size moved into range; None while there is nothing to
+    draw yet: a box is empty, or (`typing`) a number is below its minimum, as "3" is on the
+    way to "32" tokens shown (it is moved up once the box loses focus).
+
+    Gradio's Slider would refuse an out-of-range number with "Value 99 is greater than maximum
+    value 5." only when another control is touched; the handler reads the raw numbers instead
+    (preprocess=False), so the map follows what was typed at once and a too-large layer says
+    which layers exist."""
+    layer_n, start_n, size_n = _whole(layer), _whole(start), _whole(size)
+    if layer_n is None or start_n is None or size_n is None:
+        return None
+    if typing and (layer_n < 0 or start_n < 0 or size_n < SIZE_MIN):
+        return None
+    notices = []
+    layers = maps.cross.shape[0]
+    if KINDS.get(kind, kind) != "copy" and not 0 <= layer_n < layers:  # copy attention has no layers
+        shown = min(max(layer_n, 0), layers - 1)
+        notices.append(f"This model has {layers} layers, numbered 0 to {layers - 1}: layer {layer_n} does not exist, so "
+                       f"layer {shown} is shown.")
+        layer_n = shown
+    last_start = max(1, len(maps.source_tokens) - WINDOW_TAIL)
+    if not 0 <= start_n <= last_start:
+        shown = min(max(start_n, 0), last_start)
+        notices.append(f"The window starts at a source token from 0 to {last_start} (the source has "
+                       f"{len(maps.source_tokens)} tokens), so it starts at {shown}.")
+        start_n = shown
+    if not SIZE_MIN <= size_n <= SIZE_MAX:
+        shown = min(max(size_n, SIZE_MIN), SIZE_MAX)
+        notices.append(f"Between {SIZE_MIN} and {SIZE_MAX} source tokens can be shown, so {shown} are.")
+        size_n = shown
+    return Position(layer_n, start_n, size_n, notices)
+
+
 @dataclass
 class View:
     figure: object
@@ -116,8 +177,8 @@ def render(
     layers, heads = weights.shape[0], weights.shape[1]
     layer = int(min(max(0, int(layer or 0)), layers - 1))
     grid = head == GRID and kind != "copy"
-    if kind == "copy":  # one attention, whatever head is chosen
-        label, per_head = "one head", 0
+    if kind == "copy":  # one attention, whatever layer and head are chosen
+        label, per_head = "one distribution (no layers or heads)", 0
     elif head in (MEAN, GRID) or not head:
         label = MEAN if not grid else GRID
         per_head = None
@@ -143,7 +204,7 @@ def render(
         y_title, x_title = "summary token being generated", "source token"
     name = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention", "cross": "Cross-attention",
             "copy": "Copy attention"}[kind]
-    title = f"{name} · layer {layer} · {label}"
+    title = f"{name} · {label}" if kind == "copy" else f"{name} · layer {layer} · {label}"
     notes = list(dict.fromkeys(n for n in (rows.note, cols.note) if n))
     if notes:
         title += f" · {'; '.join(notes)}"
@@ -166,8 +227,9 @@ def render(
         f"attended most to: {best}" if best else
         f"no source word gets {STANDS_OUT:g}× an even share: this attention is spread almost uniformly"
     )
+    where = "copy attention" if kind == "copy" else f"layer {layer}, {label if not grid else MEAN}"
     info = (
-        f"Generating **{summ[t]}** (summary token {t}), layer {layer}, {label if not grid else MEAN}, {focus}. "
+        f"Generating **{summ[t]}** (summary token {t}), {where}, {focus}. "
         f"Strongest weight {float(row.max()):.4f}; spread evenly it would be {even:.4f}. "
         f"Source: {len(src)} tokens, summary: {len(summ)} tokens."
     )
@@ -188,21 +250,25 @@ def build(store: CheckpointStore, last: gr.State, concurrency: int | None = 2) -
     )
     with gr.Row():
         kind = gr.Radio(list(KINDS), value=next(iter(KINDS)), label="Attention", scale=3)
-        layer = gr.Slider(0, 1, value=0, step=1, label="Layer", scale=1)
-        head = gr.Dropdown(head_choices(1), value=MEAN, label="Head", scale=1)
+        layer = gr.Slider(0, 1, value=0, step=1, label="Layer", scale=1, elem_id="attention-layer")
+        head = gr.Dropdown(head_choices(1), value=MEAN, label="Head", scale=1, elem_id="attention-head")
     with gr.Row():
         mode = gr.Radio(list(MODES), value=next(iter(MODES)), label="Long inputs", scale=2)
-        size = gr.Slider(16, 256, value=96, step=16, label="Source tokens shown", scale=1)
-        start = gr.Slider(0, 512, value=0, step=1, label="Window starts at source token", scale=2)
+        size = gr.Slider(SIZE_MIN, SIZE_MAX, value=96, step=16, label="Source tokens shown", scale=1, elem_id="attention-size")
+        start = gr.Slider(0, 512, value=0, step=1, label="Window starts at source token", scale=2, elem_id="attention-start")
     plot = gr.Plot(label="Attention map", elem_id="attention-plot")
     token = gr.Dropdown([], label="Summary token: which source words did it attend to?", elem_id="summary-token")
     info = gr.Markdown(PLACEHOLDER)
     highlight = gr.HighlightedText(
-        label=f"Source, highlighted by cross-attention (words above {STANDS_OUT:g}× an even share; strongest = 1)",
-        show_legend=False,
-        combine_adjacent=False, elem_id="attention-highlight",
+        label=highlight_label(next(iter(KINDS))), show_legend=False, combine_adjacent=False, elem_id="attention-highlight",
     )
     controls = [kind, layer, head, mode, start, size, token]
+
+    def per_kind(kind_v, layers: int) -> tuple[dict, dict]:
+        """gr.update arguments of the layer and head controls: greyed out for copy attention,
+        which has neither."""
+        copy = KINDS.get(kind_v, kind_v) == "copy"
+        return dict(interactive=layers > 1 and not copy), dict(interactive=not copy)
 
     @ui_errors("drawing the attention maps")
     def on_new_summary(last_value, kind_v, mode_v, size_v):
@@ -212,27 +278,59 @@ def build(store: CheckpointStore, last: gr.State, concurrency: int | None = 2) -
         layers, heads = maps.cross.shape[0], maps.cross.shape[1]
         top_layer = layers - 1
         src_len = len(maps.source_tokens)
+        size_v = min(max(_whole(size_v) or SIZE_MIN, SIZE_MIN), SIZE_MAX)  # raw: the box may be mid-edit
         view = render(maps, kind_v, top_layer, MEAN, mode_v, 0, size_v, 0)
+        layer_ui, head_ui = per_kind(kind_v, layers)
         return (
-            gr.update(maximum=max(top_layer, 1), value=top_layer, interactive=layers > 1),
-            gr.update(choices=head_choices(heads), value=MEAN),
+            gr.update(maximum=max(top_layer, 1), value=top_layer, **layer_ui),
+            gr.update(choices=head_choices(heads), value=MEAN, **head_ui),
             gr.update(choices=token_choices(maps), value=0),
-            gr.update(maximum=max(1, src_len - 16), value=0),
-            view.figure, view.highlight, view.info,
+            gr.update(maximum=max(1, src_len - WINDOW_TAIL), value=0),
+            view.figure, gr.update(value=view.highlight, label=highlight_label(kind_v)), view.info,
+        )
+
+    def redraw(last_value, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v, typing=False):
+        """Raw values in (preprocess=False): a number typed out of range is moved into range
+        here, with a notice, instead of Gradio refusing it later."""
+        if not last_value:
+            return (empty_figure("Attention", PLACEHOLDER), None, PLACEHOLDER) + (gr.skip(),) * 4
+        maps = get_maps(store, cache, last_value)
+        pos = clamp_position(maps, kind_v, layer_v, start_v, size_v, typing)
+        if pos is None:  # a box is empty or below its minimum mid-typing: keep the map until it settles
+            return (gr.skip(),) * 7
+        for notice in pos.notices:
+            gr.Warning(notice, title="Out of range")
+        view = render(maps, kind_v, pos.layer, head_v, mode_v, pos.start, pos.size, token_v)
+        layer_ui, head_ui = per_kind(kind_v, maps.cross.shape[0])
+        # A number moved into range is written back, so the box shows the layer that is drawn.
+        if float(layer_v) != pos.layer and KINDS.get(kind_v, kind_v) != "copy":
+            layer_ui["value"] = pos.layer
+        return (
+            view.figure, gr.update(value=view.highlight, label=highlight_label(kind_v)), view.info,
+            gr.update(**layer_ui), gr.update(**head_ui),
+            gr.update(value=pos.start) if float(start_v) != pos.start else gr.skip(),
+            gr.update(value=pos.size) if float(size_v) != pos.size else gr.skip(),
         )
 
     @ui_errors("drawing the attention maps")
-    def on_change(last_value, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v):
-        if not last_value:
-            return empty_figure("Attention", PLACEHOLDER), None, PLACEHOLDER
-        maps = get_maps(store, cache, last_value)
-        view = render(maps, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v)
-        return view.figure, view.highlight, view.info
+    def on_typing(*values):
+        return redraw(*values, typing=True)
+
+    @ui_errors("drawing the attention maps")
+    def on_change(*values):
+        return redraw(*values)
 
     common = dict(concurrency_limit=concurrency, concurrency_id="model", api_visibility="private", show_progress="minimal")
-    last.change(on_new_summary, [last, kind, mode, size], [layer, head, token, start, plot, highlight, info], **common)
-    inputs, outputs = [last, *controls], [plot, highlight, info]
+    last.change(
+        on_new_summary, [last, kind, mode, size], [layer, head, token, start, plot, highlight, info], preprocess=False, **common
+    )
+    inputs, outputs = [last, *controls], [plot, highlight, info, layer, head, start, size]
+    raw = dict(trigger_mode="always_last", preprocess=False, **common)
     for c in (kind, head, mode, token):
-        c.input(on_change, inputs, outputs, trigger_mode="always_last", **common)
+        c.input(on_change, inputs, outputs, **raw)
+    # A Gradio 6 slider has no `submit`: its number box sends `input` at every keystroke (and
+    # the track while dragging), so the map follows what is typed, Enter or not; `release`
+    # (blur, end of a drag) settles a number left below its minimum.
     for c in (layer, start, size):
-        c.release(on_change, inputs, outputs, trigger_mode="always_last", **common)
+        c.input(on_typing, inputs, outputs, **raw)
+        c.release(on_change, inputs, outputs, **raw)

@@ -6,8 +6,10 @@ import os
 import queue
 import re
 import tempfile
+import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Iterator
 
 import gradio as gr
 import pandas as pd
@@ -26,6 +28,15 @@ SAMPLE, UPLOAD = f"Bundled sample ({SAMPLE_SIZE} CNN/DailyMail validation articl
 MAX_EXAMPLES = 1000
 ARTICLE_GUESSES = ("article", "document", "text", "source", "story")
 REFERENCE_GUESSES = ("highlights", "summary", "reference", "abstract", "target", "headline")
+TABLE_HEADERS = ["article (start)", "reference", "generated", *ROUGE_NAMES.values()]
+POLL_SECONDS = 0.25  # how often the waiting handler reports progress (and can be stopped)
+NOT_RUN = "Run an evaluation to compare the model with Lead-3."
+STOPPED = ("**Stopped:** the evaluation did not finish, so there are no scores (those of the first few "
+           "articles would not compare with a full run). Press **Evaluate** to start again.")
+
+
+class EvalStopped(Exception):
+    """Raised on the model worker between two batches once the evaluation was stopped."""
 
 
 @dataclass
@@ -78,7 +89,7 @@ def report_table(report: EvalReport) -> pd.DataFrame:
     return df.rename(columns={"article": "article (start)", **ROUGE_NAMES})
 
 
-def run_eval(
+def eval_steps(
     store: CheckpointStore,
     source: str,
     upload: str | None,
@@ -89,8 +100,13 @@ def run_eval(
     decoding: list,
     progress=None,
     out_dir: str | None = None,
-) -> EvalOutput:
-    """Load N pairs, generate in batches (reporting progress(done, total)), score, write CSV."""
+    stop: threading.Event | None = None,
+) -> Iterator[tuple[int, int] | EvalOutput]:
+    """`run_eval` step by step: (articles done, total) about every POLL_SECONDS while the model
+    works, then the EvalOutput. Closing the generator early (Gradio does on Stop, or when the
+    page goes away) sets `stop`, and the evaluation ends after the batch in progress, so the
+    worker is free for the next request rather than busy with minutes of unwanted batches."""
+    stop = stop or threading.Event()
     kw = decoding_kwargs(*decoding)
     n = int(n or 0)
     if not 1 <= n <= MAX_EXAMPLES:
@@ -107,6 +123,8 @@ def run_eval(
     updates: queue.SimpleQueue = queue.SimpleQueue()
 
     def after_batch(done: int, total: int) -> None:  # on the worker, between two batches
+        if stop.is_set():
+            raise EvalStopped(f"Stopped after {done} of {total} articles.")
         updates.put((done, total))
         store.worker.yield_to_interactive()  # summaries requested meanwhile go first
 
@@ -114,27 +132,62 @@ def run_eval(
         evaluate_rouge, served.model, served.tokenizer, data.articles, data.summaries,
         batch_size=int(batch_size or 8), progress=after_batch, background=True, **kw,
     )
+    done, total = 0, len(data.articles)
     if progress is not None:
-        progress((0, len(data.articles)), desc="Summarizing", unit="articles")
-    while True:  # the model runs on the worker thread; progress is reported from this one
-        try:
-            report = future.result(timeout=0.25)
-            break
-        except FutureTimeout:
-            pass
-        finally:
-            while not updates.empty():
-                done, total = updates.get()
-                if progress is not None:
-                    progress((done, total), desc="Summarizing", unit="articles")
+        progress((done, total), desc="Summarizing", unit="articles")
+    try:
+        while True:  # the model runs on the worker thread; progress is reported from this one
+            try:
+                report = future.result(timeout=POLL_SECONDS)
+                break
+            except FutureTimeout:
+                pass
+            finally:
+                while not updates.empty():
+                    done, total = updates.get()
+                    if progress is not None:
+                        progress((done, total), desc="Summarizing", unit="articles")
+            yield done, total
+    finally:
+        if not future.done():  # closed early: drop the job if it has not started, else end it
+            stop.set()
+            future.cancel()
     out_dir = out_dir or tempfile.mkdtemp(prefix="b2b-rouge-")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"rouge_{served.run}_{len(data.articles)}.csv")
     csv_path = os.path.join(out_dir, name)
     report.write_csv(csv_path)
-    return EvalOutput(
+    yield EvalOutput(
         summary_markdown(report, served.headline()), rouge_bars(report.model, report.lead3, report.n),
         report_table(report), csv_path, report,
     )
+
+
+def run_eval(*args, **kwargs) -> EvalOutput:
+    """`eval_steps` run to the end (same parameters): load N pairs, generate in batches
+    (reporting progress(done, total)), score, write the CSV."""
+    *_, out = eval_steps(*args, **kwargs)
+    return out
+
+
+def _no_rows() -> pd.DataFrame:
+    """The per-example table with its headers and no rows (None would show "1 2 3")."""
+    return pd.DataFrame(columns=TABLE_HEADERS)
+
+
+def started() -> tuple:
+    """(summary, plot, table, CSV, Evaluate, Stop) as a run starts: the previous results go at
+    once, so a run that fails or is stopped never shows the last one's scores."""
+    return "", empty_figure("ROUGE", NOT_RUN), _no_rows(), None, gr.update(interactive=False), gr.update(interactive=True)
+
+
+def finished() -> tuple:
+    """(Evaluate, Stop) once a run has ended: done, failed or stopped."""
+    return gr.update(interactive=True), gr.update(interactive=False)
+
+
+def stopped() -> tuple:
+    """(summary, plot, table, CSV, Evaluate, Stop) after Stop: no partial scores."""
+    return STOPPED, empty_figure("ROUGE", "Stopped: no scores."), _no_rows(), None, *finished()
 
 
 def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
@@ -159,12 +212,15 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
                 n = gr.Slider(1, SAMPLE_SIZE, value=10, step=1, label="N (first N articles)")
                 batch_size = gr.Slider(1, 32, value=8, step=1, label="Batch size")
             controls = build_decoding_controls(EVAL_DEFAULTS)
-            button = gr.Button("Evaluate", variant="primary", elem_id="rouge-btn")
+            with gr.Row():
+                button = gr.Button("Evaluate", variant="primary", scale=3, elem_id="rouge-btn")
+                stop = gr.Button("Stop", variant="stop", scale=1, interactive=False, elem_id="rouge-stop")
         with gr.Column(scale=3):
             summary = gr.Markdown("Results appear here.", elem_id="rouge-summary", min_height=120)
-            plot = gr.Plot(empty_figure("ROUGE", "Run an evaluation to compare the model with Lead-3."), label="ROUGE")
+            plot = gr.Plot(empty_figure("ROUGE", NOT_RUN), label="ROUGE")
     table = gr.Dataframe(
         label="Per example", wrap=True, max_height=520, interactive=False, elem_id="rouge-table",
+        headers=TABLE_HEADERS,  # not "1 2 3" before a run
         datatype=["str", "str", "str", "number", "number", "number"],
         column_widths=["28%", "26%", "26%", "6%", "6%", "8%"],
     )
@@ -193,6 +249,7 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
         return gr.update(choices=fields, value=article), gr.update(choices=fields, value=reference), gr.skip()
 
     # Gradio hands gr.Progress only to a positional parameter: the decoding values are spelled out.
+    # A generator, so that Stop can close it (Gradio cannot stop a plain function once it runs).
     @ui_errors("evaluating")
     def on_evaluate(
         source_v, upload_v, article_v, reference_v, n_v, batch_v,
@@ -204,17 +261,31 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
             strategy, num_beams, length_penalty, no_repeat_ngram_size, min_length, max_length, temperature, top_k, top_p, seed,
             repetition_penalty, no_repeat_word, coverage_penalty,
         ]
-        out = run_eval(store, source_v, upload_v, article_v, reference_v, n_v, batch_v, decoding, progress)
-        return out.summary, out.figure, out.table, out.csv_path
+        shown = None
+        for out in eval_steps(store, source_v, upload_v, article_v, reference_v, n_v, batch_v, decoding, progress):
+            if isinstance(out, EvalOutput):
+                yield out.summary, out.figure, out.table, out.csv_path
+            elif out != shown:  # once a generator yields, Gradio shows no progress bar: say it here
+                shown = out
+                yield f"Summarizing… {out[0]} of {_articles(out[1])} done.", gr.skip(), gr.skip(), gr.skip()
+            else:  # nothing new, but Stop can only close the generator while it is paused at a yield
+                yield (gr.skip(),) * 4
 
     source.change(on_source, source, [upload, article_field, reference_field, n], queue=False, api_visibility="private")
     upload.upload(
         on_upload, upload, [article_field, reference_field, upload], api_visibility="private", show_progress="hidden"
     )
-    button.click(
+    results = [summary, plot, table, csv_file]
+    quick = dict(queue=False, show_progress="hidden", api_visibility="private")
+    work = button.click(started, None, [*results, button, stop], **quick).then(
         on_evaluate,
         [source, upload, article_field, reference_field, n, batch_size, *controls.inputs],
-        [summary, plot, table, csv_file],
+        results,
         concurrency_limit=concurrency, concurrency_id="model", api_visibility="private",
         show_progress_on=[summary],  # the progress bar (and an error) on the results, not on every output
     )
+    # Gradio 6.31's page runs `.then` listeners after success only, `.failure` ones after an
+    # error: both, so the buttons come back whichever way the request ends.
+    work.then(finished, None, [button, stop], **quick)
+    work.failure(finished, None, [button, stop], **quick)
+    stop.click(stopped, None, [*results, button, stop], cancels=[work], **quick)

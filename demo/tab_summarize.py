@@ -87,12 +87,33 @@ def load_file(path: str | None) -> str:
     return read_text_file(path)
 
 
+def started() -> tuple:
+    """(summary, stats, Summarize, Stop) as a request starts: the previous summary goes at once,
+    so a request that fails or is stopped never sits under the last one's answer."""
+    return "", "", gr.update(interactive=False), gr.update(interactive=True)
+
+
+def finished() -> tuple:
+    """(Summarize, Stop) once a request has ended: done, failed or stopped."""
+    return gr.update(interactive=True), gr.update(interactive=False)
+
+
+def stopped(summary: str | None) -> tuple:
+    """(stats, Summarize, Stop) after Stop: what is in the box is unfinished, and says so."""
+    if summary and summary.strip():
+        note = "**Stopped:** the summary above is unfinished (what the model had written when you pressed Stop)."
+    else:
+        note = "**Stopped** before the model wrote anything."
+    return (note, *finished())
+
+
 @dataclass
 class SummarizeTab:
     text: gr.Textbox
     summary: gr.Textbox
     stats: gr.Markdown
     button: gr.Button
+    stop: gr.Button
     controls: DecodingControls
     last: gr.State  # what the Attention tab shows: the latest finished summary and its input
 
@@ -110,6 +131,7 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> SummarizeTab:
             with gr.Row():
                 clear = gr.Button("Clear", variant="secondary", scale=1)
                 button = gr.Button("Summarize", variant="primary", scale=3, elem_id="summarize-btn")
+                stop = gr.Button("Stop", variant="stop", scale=1, interactive=False, elem_id="summarize-stop")
         with gr.Column(scale=2):
             summary = gr.Textbox(label="Summary", lines=8, max_lines=20, interactive=False, buttons=["copy"], elem_id="summary")
             stats = gr.Markdown(elem_id="summary-stats")
@@ -139,14 +161,21 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> SummarizeTab:
             gr.Warning(str(e), title="File not loaded")
             return gr.skip(), None
 
-    run = dict(
-        fn=on_summarize, inputs=[text, *controls.inputs], outputs=[summary, stats, last],
+    quick = dict(queue=False, show_progress="hidden", api_visibility="private")
+    work = button.click(started, None, [summary, stats, button, stop], **quick).then(
+        on_summarize, [text, *controls.inputs], [summary, stats, last],
         concurrency_limit=concurrency, concurrency_id="model", api_visibility="private",
     )
-    button.click(**run)
+    # Gradio 6.31's page runs `.then` listeners after success only, `.failure` ones after an
+    # error: both, so the buttons come back whichever way the request ends.
+    work.then(finished, None, [button, stop], **quick)
+    work.failure(finished, None, [button, stop], **quick)
+    # Cancelling closes the streaming generator: the model worker closes the decoding loop at
+    # its next step, so the next request starts at once.
+    stop.click(stopped, summary, [stats, button, stop], cancels=[work], **quick)
     upload.upload(on_upload, upload, [text, upload], api_visibility="private", show_progress="hidden")
     clear.click(lambda: ("", None, "", ""), None, [text, upload, summary, stats], queue=False, api_visibility="private")
-    return SummarizeTab(text, summary, stats, button, controls, last)
+    return SummarizeTab(text, summary, stats, button, stop, controls, last)
 
 
 def build_api(store: CheckpointStore, concurrency: int | None = 2) -> None:
