@@ -7,6 +7,10 @@ import gradio as gr
 
 from .validate import DECODING_FIELDS, EVAL_DEFAULTS, MAX_BEAMS, MAX_NEW_TOKENS, SUMMARIZE_DEFAULTS, decoding_kwargs
 
+# Pixels a knob needs beside its number box before its label wraps ("No-repeat n-gram size"
+# went to four lines at Gradio's default 160): narrow columns put two knobs a row instead.
+WIDE = 240
+
 __all__ = ["DecodingControls", "EVAL_DEFAULTS", "SUMMARIZE_DEFAULTS", "build_decoding_controls"]
 
 
@@ -51,20 +55,20 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             info="Beam search reads best; greedy is fastest; sampling varies from run to run.",
         )
         with gr.Row():
-            num_beams = gr.Slider(1, MAX_BEAMS, value=d["num_beams"], step=1, label="Beams", visible=d["strategy"] == "beam")
+            num_beams = gr.Slider(1, MAX_BEAMS, value=d["num_beams"], step=1, label="Beams", visible=d["strategy"] == "beam", min_width=WIDE)
             length_penalty = gr.Slider(
                 0.0, 3.0, value=d["length_penalty"], step=0.1, label="Length penalty",
-                info="Above 1 favours longer summaries.", visible=d["strategy"] == "beam",
+                info="Above 1 favours longer summaries.", visible=d["strategy"] == "beam", min_width=WIDE,
             )
             coverage = gr.Slider(
                 0.0, 5.0, value=d["coverage_penalty"], step=0.25, label="Coverage penalty",
                 info="Copying models: charges a beam for going back to source words it has used; 0: off.",
-                visible=d["strategy"] == "beam",
+                visible=d["strategy"] == "beam", min_width=WIDE,
             )
-            no_repeat = gr.Slider(0, 6, value=d["no_repeat_ngram_size"], step=1, label="No-repeat n-gram size", info="0: off")
+            no_repeat = gr.Slider(0, 6, value=d["no_repeat_ngram_size"], step=1, label="No-repeat n-gram size", info="0: off", min_width=WIDE)
             repetition = gr.Slider(
                 1.0, 2.0, value=d["repetition_penalty"], step=0.05, label="Repetition penalty",
-                info="Above 1 makes words already written less likely; 1: off.",
+                info="Above 1 makes words already written less likely; 1: off.", min_width=WIDE,
             )
             stutter = gr.Checkbox(
                 value=d["no_repeat_word"], label="Block word stutter",
@@ -79,10 +83,10 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             max_length = gr.Number(d["max_length"], precision=0, label="Max length (tokens)", info=f"1 to {MAX_NEW_TOKENS}")
         sampling = d["strategy"] == "sampling"
         with gr.Row():
-            temperature = gr.Slider(0.0, 2.0, value=d["temperature"], step=0.05, label="Temperature", visible=sampling)
-            top_k = gr.Slider(0, 200, value=d["top_k"], step=1, label="Top-k", info="0: off", visible=sampling)
-            top_p = gr.Slider(0.05, 1.0, value=d["top_p"], step=0.05, label="Top-p", info="1: off", visible=sampling)
-            seed = gr.Number(value=d["seed"], precision=0, label="Seed", info="-1: random", visible=sampling)
+            temperature = gr.Slider(0.0, 2.0, value=d["temperature"], step=0.05, label="Temperature", visible=sampling, min_width=WIDE)
+            top_k = gr.Slider(0, 200, value=d["top_k"], step=1, label="Top-k", info="0: off", visible=sampling, min_width=WIDE)
+            top_p = gr.Slider(0.05, 1.0, value=d["top_p"], step=0.05, label="Top-p", info="1: off", visible=sampling, min_width=WIDE)
+            seed = gr.Number(value=d["seed"], precision=0, label="Seed", info="-1: random", visible=sampling, min_width=WIDE)
     controls = DecodingControls(
         strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed, repetition, stutter,
         coverage,
