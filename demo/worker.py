@@ -126,10 +126,12 @@ class ModelWorker:
                 if item is _DONE:
                     return
                 yield item
-        finally:  # a client that went away: close the generator where it ran
+        finally:  # a client that went away (or Stop): close the generator where it ran
             close = getattr(it, "close", None)
-            if close is not None:
-                self.run(close)
+            if close is not None and not self._closed:
+                # Queued, not awaited: Gradio may close from its event loop, which must not
+                # wait for a decoding step or a ROUGE batch to finish.
+                self.submit(close)
 
     def close(self) -> None:
         """Let the thread finish the queued jobs and stop."""

@@ -203,6 +203,33 @@ def test_worker_runs_calls_and_generators_and_passes_errors_back():
     assert list(inline.iterate(lambda: iter("ab"))) == ["a", "b"]
 
 
+def test_closing_a_stream_does_not_wait_for_the_busy_worker():
+    worker = ModelWorker()
+    closed = threading.Event()
+    release = threading.Event()
+
+    def stream():
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.set()  # runs on the worker, once it is free
+
+    try:
+        gen = worker.iterate(stream)
+        assert next(gen) == 1
+        busy = worker.submit(lambda: release.wait(5))  # a long decoding step or ROUGE batch
+        start = time.monotonic()
+        gen.close()  # Stop, maybe from Gradio's event loop
+        assert time.monotonic() - start < 1.0 and not closed.is_set()
+        release.set()
+        busy.result(5)
+        assert closed.wait(5)  # closed where it ran, right after
+    finally:
+        release.set()
+        worker.close()
+
+
 def test_interactive_work_overtakes_a_background_evaluation():
     worker = ModelWorker()
     order = []
