@@ -43,9 +43,9 @@ def apply_casing(summary: str, table: dict[str, str]) -> str:
     def fix(m: re.Match) -> str:
         word = m.group()
         form = table.get(word.lower())
-        if form is None and _POSSESSIVE.search(word):  # "france's" where the source has "France"
-            stem = table.get(_POSSESSIVE.sub("", word).lower())
-            form = stem + word[len(_POSSESSIVE.sub("", word)):] if stem else None
+        stem = _POSSESSIVE.sub("", word)
+        if form is None and stem != word and stem.lower() in table:  # "france's": the source has "France"
+            form = table[stem.lower()] + word[len(stem):]
         if form is None or form == form.lower():
             return word  # not in the source, or a common word: keep the sentence-start capital
         return form

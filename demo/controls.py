@@ -11,7 +11,7 @@ from .validate import DECODING_FIELDS, EVAL_DEFAULTS, MAX_BEAMS, MAX_NEW_TOKENS,
 # went to four lines at Gradio's default 160): narrow columns put two knobs a row instead.
 WIDE = 240
 
-__all__ = ["DecodingControls", "EVAL_DEFAULTS", "SUMMARIZE_DEFAULTS", "build_decoding_controls"]
+__all__ = ["DecodingControls", "EVAL_DEFAULTS", "SUMMARIZE_DEFAULTS", "build_decoding_controls", "busy", "idle", "wire_stoppable"]
 
 
 @dataclass
@@ -96,3 +96,30 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
         queue=False, show_progress="hidden", api_visibility="private",
     )
     return controls
+
+
+QUICK = dict(queue=False, show_progress="hidden", api_visibility="private")  # button swaps: instant, no API
+
+
+def busy() -> tuple:
+    """(run button, Stop) while work runs."""
+    return gr.update(interactive=False), gr.update(interactive=True)
+
+
+def idle() -> tuple:
+    """(run button, Stop) once work has ended: done, failed or stopped."""
+    return gr.update(interactive=True), gr.update(interactive=False)
+
+
+def wire_stoppable(button: gr.Button, stop: gr.Button, started, cleared: list, work: dict, stopped, stop_inputs, stop_outputs: list):
+    """`button` runs `started()` at once (values for `cleared`, then `busy()`: the last results
+    go before new work starts), then the queued `work` (`.then` keyword arguments); `stop`
+    cancels it and runs `stopped(*stop_inputs)` (values for `stop_outputs`, then `idle()`).
+    The buttons come back however the work ends. Returns the work's event."""
+    event = button.click(started, None, [*cleared, button, stop], **QUICK).then(**work)
+    # Gradio 6.31's page runs `.then` listeners after success only, `.failure` ones after an
+    # error: both, so the buttons come back whichever way the work ends.
+    event.then(idle, None, [button, stop], **QUICK)
+    event.failure(idle, None, [button, stop], **QUICK)
+    stop.click(stopped, stop_inputs, [*stop_outputs, button, stop], cancels=[event], **QUICK)
+    return event

@@ -17,7 +17,7 @@ import pandas as pd
 from train.data import load_summarization_pairs
 from train.evaluate import EvalReport, evaluate_rouge
 
-from .controls import EVAL_DEFAULTS, build_decoding_controls
+from .controls import EVAL_DEFAULTS, build_decoding_controls, busy, idle, wire_stoppable
 from .data import SAMPLE_SET, SAMPLE_SIZE
 from .errors import ui_errors
 from .figures import ROUGE_NAMES, empty_figure, rouge_bars
@@ -177,17 +177,12 @@ def _no_rows() -> pd.DataFrame:
 def started() -> tuple:
     """(summary, plot, table, CSV, Evaluate, Stop) as a run starts: the previous results go at
     once, so a run that fails or is stopped never shows the last one's scores."""
-    return "", empty_figure("ROUGE", NOT_RUN), _no_rows(), None, gr.update(interactive=False), gr.update(interactive=True)
-
-
-def finished() -> tuple:
-    """(Evaluate, Stop) once a run has ended: done, failed or stopped."""
-    return gr.update(interactive=True), gr.update(interactive=False)
+    return "", empty_figure("ROUGE", NOT_RUN), _no_rows(), None, *busy()
 
 
 def stopped() -> tuple:
     """(summary, plot, table, CSV, Evaluate, Stop) after Stop: no partial scores."""
-    return STOPPED, empty_figure("ROUGE", "Stopped: no scores."), _no_rows(), None, *finished()
+    return STOPPED, empty_figure("ROUGE", "Stopped: no scores."), _no_rows(), None, *idle()
 
 
 def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
@@ -276,16 +271,10 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
         on_upload, upload, [article_field, reference_field, upload], api_visibility="private", show_progress="hidden"
     )
     results = [summary, plot, table, csv_file]
-    quick = dict(queue=False, show_progress="hidden", api_visibility="private")
-    work = button.click(started, None, [*results, button, stop], **quick).then(
-        on_evaluate,
-        [source, upload, article_field, reference_field, n, batch_size, *controls.inputs],
-        results,
-        concurrency_limit=concurrency, concurrency_id="model", api_visibility="private",
-        show_progress_on=[summary],  # the progress bar (and an error) on the results, not on every output
+    wire_stoppable(
+        button, stop, started, results,
+        dict(fn=on_evaluate, inputs=[source, upload, article_field, reference_field, n, batch_size, *controls.inputs],
+             outputs=results, concurrency_limit=concurrency, concurrency_id="model", api_visibility="private",
+             show_progress_on=[summary]),  # the progress bar (and an error) on the results, not on every output
+        stopped, None, results,
     )
-    # Gradio 6.31's page runs `.then` listeners after success only, `.failure` ones after an
-    # error: both, so the buttons come back whichever way the request ends.
-    work.then(finished, None, [button, stop], **quick)
-    work.failure(finished, None, [button, stop], **quick)
-    stop.click(stopped, None, [*results, button, stop], cancels=[work], **quick)

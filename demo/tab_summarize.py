@@ -9,7 +9,7 @@ import gradio as gr
 
 from b2b import SummaryResult, stream_summarize, summarize
 
-from .controls import SUMMARIZE_DEFAULTS, DecodingControls, build_decoding_controls
+from .controls import SUMMARIZE_DEFAULTS, DecodingControls, build_decoding_controls, busy, idle, wire_stoppable
 from .data import example_label, load_examples
 from .errors import ui_errors
 from .store import CheckpointStore, Served
@@ -90,12 +90,7 @@ def load_file(path: str | None) -> str:
 def started() -> tuple:
     """(summary, stats, Summarize, Stop) as a request starts: the previous summary goes at once,
     so a request that fails or is stopped never sits under the last one's answer."""
-    return "", "", gr.update(interactive=False), gr.update(interactive=True)
-
-
-def finished() -> tuple:
-    """(Summarize, Stop) once a request has ended: done, failed or stopped."""
-    return gr.update(interactive=True), gr.update(interactive=False)
+    return "", "", *busy()
 
 
 def stopped(summary: str | None) -> tuple:
@@ -104,7 +99,7 @@ def stopped(summary: str | None) -> tuple:
         note = "**Stopped:** the summary above is unfinished (what the model had written when you pressed Stop)."
     else:
         note = "**Stopped** before the model wrote anything."
-    return (note, *finished())
+    return (note, *idle())
 
 
 @dataclass
@@ -161,18 +156,14 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> SummarizeTab:
             gr.Warning(str(e), title="File not loaded")
             return gr.skip(), None
 
-    quick = dict(queue=False, show_progress="hidden", api_visibility="private")
-    work = button.click(started, None, [summary, stats, button, stop], **quick).then(
-        on_summarize, [text, *controls.inputs], [summary, stats, last],
-        concurrency_limit=concurrency, concurrency_id="model", api_visibility="private",
-    )
-    # Gradio 6.31's page runs `.then` listeners after success only, `.failure` ones after an
-    # error: both, so the buttons come back whichever way the request ends.
-    work.then(finished, None, [button, stop], **quick)
-    work.failure(finished, None, [button, stop], **quick)
     # Cancelling closes the streaming generator: the model worker closes the decoding loop at
     # its next step, so the next request starts at once.
-    stop.click(stopped, summary, [stats, button, stop], cancels=[work], **quick)
+    wire_stoppable(
+        button, stop, started, [summary, stats],
+        dict(fn=on_summarize, inputs=[text, *controls.inputs], outputs=[summary, stats, last],
+             concurrency_limit=concurrency, concurrency_id="model", api_visibility="private"),
+        stopped, summary, [stats],
+    )
     upload.upload(on_upload, upload, [text, upload], api_visibility="private", show_progress="hidden")
     clear.click(lambda: ("", None, "", ""), None, [text, upload, summary, stats], queue=False, api_visibility="private")
     return SummarizeTab(text, summary, stats, button, stop, controls, last)

@@ -60,8 +60,9 @@ def served_markdown(store: CheckpointStore) -> str:
             f"**Loaded:** {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(served.loaded_at))}  \n"
             f"**Validation at that step:** {scores}{best}"
         )
-        if served.measured():  # an exported model keeps no trainer state, but its eval reports
-            text += f"  \n**Evaluated:** {served.measured()}"
+        measured = served.measured()  # an exported model keeps no trainer state, but its eval reports
+        if measured:
+            text += f"  \n**Evaluated:** {measured}"
     if store.warning:
         text += f"\n\n⚠️ {store.warning}"
     return text

@@ -15,6 +15,7 @@ waiting at that moment run first, so one evaluation does not freeze everyone's s
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from concurrent.futures import Future
@@ -128,10 +129,11 @@ class ModelWorker:
                 yield item
         finally:  # a client that went away (or Stop): close the generator where it ran
             close = getattr(it, "close", None)
-            if close is not None and not self._closed:
+            if close is not None:
                 # Queued, not awaited: Gradio may close from its event loop, which must not
                 # wait for a decoding step or a ROUGE batch to finish.
-                self.submit(close)
+                with contextlib.suppress(RuntimeError):  # the worker closed: nothing runs it any more
+                    self.submit(close)
 
     def close(self) -> None:
         """Let the thread finish the queued jobs and stop."""
