@@ -51,8 +51,8 @@ def test_mlm_loss_falls_when_overfitting_one_batch(tiny_model, tokenizer, cnndm_
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_seq2seq_loss_falls_when_overfitting_one_batch(tiny_model, tokenizer, cnndm_rows):
-    rows = cnndm_rows[:4]
+def summary_batch(tokenizer, rows, src_width: int = 48, tgt_width: int = 17):
+    """(src, src mask, tgt) int32 numpy arrays of CNN/DM rows: [CLS] ... [SEP], zero-padded."""
 
     def padded(texts, width):
         out = np.zeros((len(texts), width), np.int32)
@@ -61,9 +61,13 @@ def test_seq2seq_loss_falls_when_overfitting_one_batch(tiny_model, tokenizer, cn
             row[0], row[1 : len(body) + 1], row[len(body) + 1] = tokenizer.cls_id, body, tokenizer.sep_id
         return out
 
-    src = padded([r["article"][:400] for r in rows], 48)
-    tgt = padded([r["highlights"] for r in rows], 17)
-    arrays = [mx.array(src), mx.array((src != 0).astype(np.int32)), mx.array(tgt)]
+    src = padded([r["article"][:400] for r in rows], src_width)
+    return src, (src != 0).astype(np.int32), padded([r["highlights"] for r in rows], tgt_width)
+
+
+def test_seq2seq_loss_falls_when_overfitting_one_batch(tiny_model, tokenizer, cnndm_rows):
+    src, mask, tgt = summary_batch(tokenizer, cnndm_rows[:4])
+    arrays = [mx.array(src), mx.array(mask), mx.array(tgt)]
     losses = overfit(tiny_model, seq2seq_loss, arrays)
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.5 * losses[0], losses

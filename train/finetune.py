@@ -20,7 +20,8 @@ from .data import folder_has_split, load_summarization_pairs, strip_update_label
 from .evaluate import evaluate_rouge
 from .command import run_command
 from .loop import Batch
-from .losses import seq2seq_loss
+from .losses import reinforce_loss, seq2seq_loss
+from .sampled import Sampler
 from .settings import TrainSettings
 from .writer import MetricWriter
 
@@ -31,10 +32,10 @@ log = logging.getLogger(__name__)
 class FinetuneSettings(TrainSettings):
     RUN_IDENTITY: ClassVar[tuple[str, ...]] = TrainSettings.RUN_IDENTITY + (
         "data", "data_config", "val_data", "article_field", "summary_field", "limit", "max_source_len", "max_target_len", "share",
-        "keep_update_labels", "pointer_generator",
+        "keep_update_labels", "pointer_generator", "rl_samples",
     )
     # Older runs kept "NEW:" and had no pointer-generator.
-    BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {"keep_update_labels": True, "pointer_generator": False}
+    BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {"keep_update_labels": True, "pointer_generator": False, "rl_weight": 0.0}
 
     data: str = field(default="tests/fixtures/cnndm_tok_sample.jsonl.gz", metadata={"help": "JSONL/JSONL.GZ/CSV/Parquet, or a hub dataset name"})
     data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. 3.0.0 for cnn_dailymail"})
@@ -49,6 +50,9 @@ class FinetuneSettings(TrainSettings):
     pointer_generator: bool = field(default=False, metadata={"help": "add a pointer-generator (copying source tokens, See et al. 2017) to a model that has none; its copy attention starts from the last cross-attention"})
     label_smoothing: float = field(default=0.0, metadata={"help": "share of each target's probability spread over the vocabulary (0: off; 0.1 is common)"})
     coverage: float = field(default=0.0, metadata={"help": "weight of See et al.'s coverage loss on the pointer's copy attention (pointer-generator models; 0: off; they used 1)"})
+    rl_weight: float = field(default=0.0, metadata={"help": "share of the loss given to REINFORCE on summaries the model samples itself, rewarded by ROUGE-2 + ROUGE-Lsum (train/sampled.py; 0: off, the token loss alone)"})
+    rl_samples: int = field(default=2, metadata={"help": "with --rl-weight: summaries sampled per article; each one's baseline is the mean reward of the others"})
+    rl_temperature: float = field(default=1.0, metadata={"help": "with --rl-weight: sampling temperature of those summaries"})
     val_examples: int = field(default=200, metadata={"help": "validation pairs for val/loss"})
     rouge_examples: int = field(default=50, metadata={"help": "validation articles summarized for ROUGE (0: none)"})
     eval_num_beams: int = field(default=1, metadata={"help": "beams for the validation ROUGE summaries (1: greedy, fastest)"})
@@ -61,6 +65,10 @@ class FinetuneSettings(TrainSettings):
         super().validate()
         if self.coverage < 0:
             raise ValueError(f"--coverage must be >= 0 (0: off), got {self.coverage}.")
+        if not 0 <= self.rl_weight <= 1:
+            raise ValueError(f"--rl-weight must be in [0, 1] (0: off), got {self.rl_weight}.")
+        if self.rl_weight and (self.rl_samples < 2 or self.rl_temperature <= 0):
+            raise ValueError("--rl-samples must be at least 2 and --rl-temperature positive with --rl-weight.")
         if self.rouge_examples < 0 or self.val_examples < 1:
             raise ValueError("--rouge-examples must be >= 0 and --val-examples >= 1.")
         if self.limit < 0:
@@ -101,6 +109,10 @@ class SummarizationTask:
         if not s.keep_update_labels and (changed := strip_update_labels(data)):
             log.info('Removed CNN\'s "NEW:" label from %d training summaries (--keep-update-labels keeps it).', changed)
         self.train = tokenize_pairs(data, tokenizer, src_len, tgt_len)
+        self.train_summaries = data.summaries  # REINFORCE's references
+        self.sampler = Sampler(tokenizer, s.rl_samples, s.rl_temperature, tgt_len - 2) if s.rl_weight else None
+        self.model: Bert2Bert | None = None  # the model in training: REINFORCE samples from it
+        self._rewards: list[float] = []
         self.val = tokenize_pairs(val, tokenizer, src_len, tgt_len)
         self.val_text = val
         self.src_len, self.tgt_len = src_len, tgt_len
@@ -114,6 +126,7 @@ class SummarizationTask:
         if self.s.coverage and "pointer" not in model:
             raise ValueError("--coverage is a loss on the pointer's copy attention: add --pointer-generator (or start from a pointer model).")
         model.unfreeze()
+        self.model = model
         model.trained_source_length = self.src_len  # saved with every checkpoint: decoding reads as much
 
     def _batches(self, epoch: int) -> list[np.ndarray]:
@@ -135,14 +148,26 @@ class SummarizationTask:
     def batch(self, epoch: int, index: int, step: int) -> Batch:
         rows = self._batches(epoch)[index]
         src, mask, tgt = self._collate(self.train, rows)
-        return Batch((src, mask, tgt), int(mask.sum() + (tgt != self.tok.pad_id).sum()), len(rows))
+        tokens = int(mask.sum() + (tgt != self.tok.pad_id).sum())
+        if self.sampler is None:
+            return Batch((src, mask, tgt), tokens, len(rows))
+        # Sampled with the weights of this step, seeded by it: a resumed run draws the same.
+        drawn = self.sampler(self.model, src, mask, [self.train_summaries[i] for i in rows], hash((self.s.seed, step, 7919)) % (2**31))
+        self._rewards.append(float(drawn.rewards.mean()))
+        return Batch((src, mask, tgt, drawn.samples, drawn.advantages), tokens + drawn.tokens, len(rows))
 
-    def loss(self, model: Bert2Bert, src, mask, tgt):
-        return seq2seq_loss(model, src, mask, tgt, self.s.label_smoothing, self.s.coverage)
+    def loss(self, model: Bert2Bert, src, mask, tgt, samples=None, advantages=None):
+        if samples is None:
+            return seq2seq_loss(model, src, mask, tgt, self.s.label_smoothing, self.s.coverage)
+        return reinforce_loss(model, src, mask, tgt, samples, advantages, self.s.rl_weight, self.s.label_smoothing, self.s.coverage)
 
     def train_metrics(self, aux) -> dict[str, float]:
-        # With a coverage loss, train/loss is the sum: its two parts are logged apart.
-        return {"train/nll": float(aux[0]), "train/coverage": float(aux[2])} if self.s.coverage else {}
+        # With a coverage loss or REINFORCE, train/loss is a mix: its parts are logged apart.
+        metrics = {"train/nll": float(aux[0]), "train/coverage": float(aux[2])} if self.s.coverage else {}
+        if self.sampler is not None:
+            metrics.update({"train/nll": float(aux[0]), "train/rl_loss": float(aux[3]), "train/reward": float(np.mean(self._rewards or [0.0]))})
+            self._rewards = []
+        return metrics
 
     def evaluate(self, model: Bert2Bert, step: int, writer: MetricWriter) -> dict[str, float]:
         total, count = 0.0, 0.0

@@ -67,28 +67,73 @@ def seq2seq_loss(
     `coverage` x the coverage loss (formed for pointer models with `coverage` > 0, else 0). A
     scored label outside the vocabulary is an error on the CPU (the fused kernel checks; the
     logits path would read past the row)."""
+    return _teacher_forced(model, model.encode(src, src_mask), src, src_mask, tgt, label_smoothing, coverage)
+
+
+def _teacher_forced(
+    model: Bert2Bert, memory: mx.array, src: mx.array, src_mask: mx.array, tgt: mx.array,
+    label_smoothing: float, coverage: float,
+) -> tuple[mx.array, tuple[mx.array, ...]]:
+    """seq2seq_loss on encoder states `memory` (B, S, C) already computed."""
+    rows, weights, copy_weights = label_rows(model, memory, src, src_mask, tgt, label_smoothing)
+    n = weights.sum()
+    covered = mx.array(0.0)  # formed only when it is trained: not in every pointer model's step
+    if coverage and copy_weights is not None:
+        covered = (coverage_rows(copy_weights) * weights).sum() / mx.maximum(n, 1.0)
+    nll = (rows * weights).sum() / mx.maximum(n, 1.0)
+    return nll + coverage * covered, (nll, n, covered)
+
+
+def label_rows(
+    model: Bert2Bert, memory: mx.array, src: mx.array, src_mask: mx.array, tgt: mx.array, label_smoothing: float = 0.0
+) -> tuple[mx.array, mx.array, mx.array | None]:
+    """-log p of each label of `tgt` (B, T) teacher-forced on `memory` (B, S, C): (rows (B, T-1),
+    weights (B, T-1) 1 where the label is not padding, the pointer's copy weights (B, T-1, S) or
+    None without a pointer)."""
     dec_in, labels = tgt[:, :-1], tgt[:, 1:]
-    weights = (labels != model.config.pad_id).astype(mx.float32).reshape(-1)
-    memory = model.encode(src, src_mask)
+    weights = (labels != model.config.pad_id).astype(mx.float32)
     h3 = model.decode(dec_in, memory, src_mask)  # (B, T, C)
     h, flat_labels = h3.reshape(-1, h3.shape[-1]), labels.reshape(-1)  # (B*T, C), (B*T,)
     # On the CPU, b2b's fused kernel computes the loss without the (B*T, V) logits in memory
     # and skips padding; elsewhere (or without it) the logits are formed.
     features, matrix, bias = model.lm_projection(h)
-    rows = cpu_ops.vocab_loss(features, matrix, bias, flat_labels, weights, label_smoothing)
+    rows = cpu_ops.vocab_loss(features, matrix, bias, flat_labels, weights.reshape(-1), label_smoothing)
     if rows is None:
         rows = _logits_nll(model, h, flat_labels, label_smoothing)
-    n = weights.sum()
-    covered = mx.array(0.0)  # formed only when it is trained: not in every pointer model's step
-    if "pointer" in model:
-        # The label's probability mixes the vocabulary's with its copy mass in the source
-        # (label smoothing, if any, stays on the vocabulary part).
-        copy_weights, gate = model.point(h3, memory, src)
-        rows = label_nll(rows.reshape(labels.shape), copy_weights, gate, src, labels).reshape(-1)
-        if coverage:
-            covered = (coverage_rows(copy_weights).reshape(-1) * weights).sum() / mx.maximum(n, 1.0)
-    nll = (rows * weights).sum() / mx.maximum(n, 1.0)
-    return nll + coverage * covered, (nll, n, covered)
+    rows = rows.reshape(labels.shape)
+    if "pointer" not in model:
+        return rows, weights, None
+    # The label's probability mixes the vocabulary's with its copy mass in the source
+    # (label smoothing, if any, stays on the vocabulary part).
+    copy_weights, gate = model.point(h3, memory, src)
+    return label_nll(rows, copy_weights, gate, src, labels), weights, copy_weights
+
+
+def reinforce_loss(
+    model: Bert2Bert,
+    src: mx.array,
+    src_mask: mx.array,
+    tgt: mx.array,
+    samples: mx.array,
+    advantages: mx.array,
+    rl_weight: float,
+    label_smoothing: float = 0.0,
+    coverage: float = 0.0,
+) -> tuple[mx.array, tuple[mx.array, ...]]:
+    """The summary loss mixed with REINFORCE on summaries the model sampled itself:
+    (1 - rl_weight) x seq2seq_loss + rl_weight x -sum_k A_k log p(sample_k) / sampled tokens.
+    `samples` (B, K, T): K sampled summaries of each article, [CLS] ... [SEP] padded;
+    `advantages` (B, K): each sample's reward less its baseline (0 for a sample not to learn
+    from). The encoder runs once per article. Returns (loss, (token NLL, scored tokens,
+    coverage loss, REINFORCE loss))."""
+    memory = model.encode(src, src_mask)  # (B, S, C)
+    ml, (nll, n, covered) = _teacher_forced(model, memory, src, src_mask, tgt, label_smoothing, coverage)
+    B, K, T = samples.shape
+    per_sample = lambda a: mx.repeat(a, K, axis=0)  # noqa: E731  (B, ...) -> (B*K, ...), article b's rows together
+    rows, weights, _ = label_rows(model, per_sample(memory), per_sample(src), per_sample(src_mask), samples.reshape(B * K, T))
+    log_p = -(rows * weights).sum(axis=1)  # (B*K,) each sample's log-probability
+    rl = -(advantages.reshape(-1) * log_p).sum() / mx.maximum(weights.sum(), 1.0)
+    return (1 - rl_weight) * ml + rl_weight * rl, (nll, n, covered, rl)
 
 
 def coverage_rows(copy_weights: mx.array) -> mx.array:
