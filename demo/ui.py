@@ -19,6 +19,19 @@ CSS = """
 THEME = gr.themes.Soft(primary_hue="blue", neutral_hue="slate")
 
 
+def shell_lines(command: str, width: int = 60) -> str:
+    """A long shell command broken before its flags into lines of about `width` characters,
+    each ending in a backslash: it reads without scrolling sideways and still pastes as one."""
+    first, *flags = command.split(" --")
+    lines = [first]
+    for flag in flags:
+        if len(lines[-1]) + 3 + len(flag) > width:
+            lines.append("--" + flag)
+        else:
+            lines[-1] += " --" + flag
+    return " \\\n    ".join(lines)
+
+
 def header_markdown(store: CheckpointStore) -> str:
     """One line naming the served model (with a warning when a checkpoint was skipped), or the
     "no checkpoint yet" screen with the commands that make one."""
@@ -30,8 +43,8 @@ def header_markdown(store: CheckpointStore) -> str:
             "The app is running, but there is no model to serve. Train one and it appears here by "
             "itself (the app watches "
             f"`{store.watch_root if not store.pinned else store.pinned}`):\n\n"
-            f"```bash\n# a few minutes on a laptop, tiny model, bundled sample data\n{store.train_hint}\n\n"
-            f"# the real thing: MiniLM warm start on CNN/DailyMail\n{TRAIN_FULL}\n```\n"
+            f"```bash\n# a few minutes on a laptop, tiny model, bundled sample data\n{shell_lines(store.train_hint)}\n\n"
+            f"# the real thing: MiniLM warm start on CNN/DailyMail\n{shell_lines(TRAIN_FULL)}\n```\n"
             "or start the app on an existing checkpoint folder with `python app.py --checkpoint DIR`."
         )
     else:

@@ -368,3 +368,14 @@ def test_the_app_reads_the_source_length_the_model_was_trained_on(tmp_path, reco
     assert "Truncated" in stats and "first 16 tokens" in stats
     maps = tab_attention.get_maps(store, tab_attention.MapsCache(), state)
     assert len(maps.source_tokens) == 16 and maps.cross.shape[-1] == 16
+
+
+def test_no_checkpoint_screen_commands_fit_without_scrolling_and_paste_as_one(empty_store):
+    from demo.store import TRAIN_FULL
+
+    text = header_markdown(empty_store)
+    block = text.split("```bash\n")[1].split("```")[0]
+    # a line is at most ~60 characters, or one flag with a long value (this test's tmp path)
+    assert all(len(line) <= 66 or line.strip().count("--") == 1 for line in block.splitlines()), block
+    joined = block.replace(" \\\n    ", " ")  # what a shell reads from the continued lines
+    assert TRAIN_FULL in joined and empty_store.train_hint in joined
