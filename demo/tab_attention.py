@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ MEAN, GRID = "mean over heads", "all heads (grid)"
 MODES = {"Window of tokens": "window", "Pool into spans": "aggregate"}
 GRID_LIMIT = 48  # rows/columns per small heatmap in the grid of heads
 SIZE_MIN, SIZE_MAX = 16, 256  # "Source tokens shown"
+# Typing "99" into a box sends "9" and then "99": both out of range, one warning is enough.
+WARNING_GAP_SECONDS = 2.0
 WINDOW_TAIL = 16  # the window may start no later than this many tokens before the source's end
 SUMMARY_LIMIT = 256  # summary tokens shown one per row before they are pooled
 PLACEHOLDER = "Summarize a text on the Summarize tab: its attention shows here."
@@ -289,17 +292,20 @@ def build(store: CheckpointStore, last: gr.State, concurrency: int | None = 2) -
             view.figure, gr.update(value=view.highlight, label=highlight_label(kind_v)), view.info,
         )
 
-    def redraw(last_value, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v, typing=False):
+    def redraw(last_value, kind_v, layer_v, head_v, mode_v, start_v, size_v, token_v, warned_at, typing=False):
         """Raw values in (preprocess=False): a number typed out of range is moved into range
-        here, with a notice, instead of Gradio refusing it later."""
+        here, with a notice, instead of Gradio refusing it later. `warned_at`: when this browser
+        session last got such a notice (one per WARNING_GAP_SECONDS), returned updated."""
         if not last_value:
-            return (empty_figure("Attention", PLACEHOLDER), None, PLACEHOLDER) + (gr.skip(),) * 4
+            return (empty_figure("Attention", PLACEHOLDER), None, PLACEHOLDER) + (gr.skip(),) * 5
         maps = get_maps(store, cache, last_value)
         pos = clamp_position(maps, kind_v, layer_v, start_v, size_v, typing)
         if pos is None:  # a box is empty or below its minimum mid-typing: keep the map until it settles
-            return (gr.skip(),) * 7
-        for notice in pos.notices:
-            gr.Warning(notice, title="Out of range")
+            return (gr.skip(),) * 8
+        if pos.notices and (warned_at is None or time.monotonic() - float(warned_at) >= WARNING_GAP_SECONDS):
+            for notice in pos.notices:
+                gr.Warning(notice, title="Out of range")
+            warned_at = time.monotonic()
         view = render(maps, kind_v, pos.layer, head_v, mode_v, pos.start, pos.size, token_v)
         layer_ui, head_ui = per_kind(kind_v, maps.cross.shape[0])
         # A number moved into range is written back, so the box shows the layer that is drawn.
@@ -310,6 +316,7 @@ def build(store: CheckpointStore, last: gr.State, concurrency: int | None = 2) -
             gr.update(**layer_ui), gr.update(**head_ui),
             gr.update(value=pos.start) if float(start_v) != pos.start else gr.skip(),
             gr.update(value=pos.size) if float(size_v) != pos.size else gr.skip(),
+            warned_at,
         )
 
     @ui_errors("drawing the attention maps")
@@ -324,7 +331,8 @@ def build(store: CheckpointStore, last: gr.State, concurrency: int | None = 2) -
     last.change(
         on_new_summary, [last, kind, mode, size], [layer, head, token, start, plot, highlight, info], preprocess=False, **common
     )
-    inputs, outputs = [last, *controls], [plot, highlight, info, layer, head, start, size]
+    warned = gr.State(None)  # when this session last got an out-of-range notice (time.monotonic)
+    inputs, outputs = [last, *controls, warned], [plot, highlight, info, layer, head, start, size, warned]
     raw = dict(trigger_mode="always_last", preprocess=False, **common)
     for c in (kind, head, mode, token):
         c.input(on_change, inputs, outputs, **raw)

@@ -91,13 +91,34 @@ def test_a_layer_past_the_last_is_moved_to_it_with_one_sentence(store, last_stat
 
 def test_the_typing_handler_draws_the_last_layer_and_writes_it_back(blocks, last_state):
     (typing,) = listeners(blocks, component(blocks, "attention-layer"), "input")
-    raw = [last_state, CROSS, 99.0, tab_attention.MEAN, "Window of tokens", 0, 96, 0]
+    raw = [last_state, CROSS, 99.0, tab_attention.MEAN, "Window of tokens", 0, 96, 0, None]
     with warnings.catch_warnings(record=True) as seen:  # gr.Warning outside a request
         warnings.simplefilter("always")
-        figure, _, info, layer, *_ = typing.fn(*raw)
+        figure, _, info, layer, *_, warned_at = typing.fn(*raw)
     assert "layer 1" in figure.layout.title.text and "layer 1" in info
     assert layer["value"] == 1
     assert any("layer 99 does not exist" in str(w.message) for w in seen)
+    assert warned_at is not None
+
+
+def test_fast_typing_gives_one_out_of_range_warning_not_one_per_keystroke(blocks, last_state):
+    """Typing "99" sends "9" then "99", both past the last layer: the second is drawn (layer 1)
+    without a second toast; a number typed out of range later is said again."""
+    (typing,) = listeners(blocks, component(blocks, "attention-layer"), "input")
+    raw = [last_state, CROSS, 9.0, tab_attention.MEAN, "Window of tokens", 0, 96, 0]
+
+    def warnings_of(layer, warned_at):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = typing.fn(*raw[:2], layer, *raw[3:], warned_at)
+        return [str(w.message) for w in seen if "does not exist" in str(w.message)], out
+
+    said, out = warnings_of(9.0, None)
+    assert len(said) == 1
+    said, again = warnings_of(99.0, out[-1])
+    assert said == [] and again[3]["value"] == 1 and again[-1] == out[-1]  # drawn and written back, not said twice
+    said, _ = warnings_of(99.0, out[-1] - tab_attention.WARNING_GAP_SECONDS)
+    assert len(said) == 1
 
 
 # -- 4. Copy attention is labelled as one distribution; layer and head are greyed out -----------
@@ -115,11 +136,11 @@ def test_copy_attention_says_it_has_no_layers_or_heads(store, blocks, last_state
 
     kind = next(b for b in blocks.blocks.values() if isinstance(b, gr.Radio) and b.label == "Attention")
     (on_kind,) = listeners(blocks, kind, "input")
-    out = on_kind.fn(last_state, COPY, 1, tab_attention.MEAN, "Window of tokens", 0, 96, 0)
+    out = on_kind.fn(last_state, COPY, 1, tab_attention.MEAN, "Window of tokens", 0, 96, 0, None)
     highlight, layer, head = out[1], out[3], out[4]
     assert "by copy attention" in highlight["label"]
     assert layer["interactive"] is False and head["interactive"] is False
-    out = on_kind.fn(last_state, CROSS, 1, tab_attention.MEAN, "Window of tokens", 0, 96, 0)
+    out = on_kind.fn(last_state, CROSS, 1, tab_attention.MEAN, "Window of tokens", 0, 96, 0, None)
     assert out[3]["interactive"] is True and out[4]["interactive"] is True
 
 
