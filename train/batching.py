@@ -52,3 +52,11 @@ def collate(seqs: Sequence[np.ndarray], pad_id: int, pad_to_multiple: int = 8) -
     for row, s in zip(out, seqs):
         row[: len(s)] = s
     return out  # (B, T)
+
+
+def collate_targets(seqs: Sequence[np.ndarray], pad_id: int) -> np.ndarray:
+    """Summaries ([CLS] ... [SEP]) as the seq2seq losses take them: (B, 16k + 1) int32, padded
+    to a multiple of 16 plus one column, so that dropping the first or the last column (decoder
+    input, labels) leaves a multiple of 16 and the compiled step sees few shapes."""
+    out = collate(seqs, pad_id, pad_to_multiple=16)
+    return np.concatenate([out, np.full((len(out), 1), pad_id, np.int32)], axis=1)

@@ -15,7 +15,7 @@ import numpy as np
 
 from b2b import Bert2Bert, Tokenizer
 
-from .batching import bucketed_batches, collate
+from .batching import bucketed_batches, collate, collate_targets
 from .data import folder_has_split, load_summarization_pairs, strip_update_labels, tokenize_pairs
 from .evaluate import evaluate_rouge
 from .command import run_command
@@ -141,8 +141,7 @@ class SummarizationTask:
     def _collate(self, data, rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # Multiples of 32/16: few distinct shapes, so the compiled step is reused.
         src = collate([data.sources[i] for i in rows], self.tok.pad_id, pad_to_multiple=32)
-        tgt = collate([data.targets[i] for i in rows], self.tok.pad_id, pad_to_multiple=16)
-        tgt = np.concatenate([tgt, np.full((len(rows), 1), self.tok.pad_id, np.int32)], axis=1)  # labels shift
+        tgt = collate_targets([data.targets[i] for i in rows], self.tok.pad_id)
         return src, (src != self.tok.pad_id).astype(np.int32), tgt
 
     def batch(self, epoch: int, index: int, step: int) -> Batch:
@@ -163,9 +162,11 @@ class SummarizationTask:
 
     def train_metrics(self, aux) -> dict[str, float]:
         # With a coverage loss or REINFORCE, train/loss is a mix: its parts are logged apart.
-        metrics = {"train/nll": float(aux[0]), "train/coverage": float(aux[2])} if self.s.coverage else {}
+        metrics = {"train/nll": float(aux[0])} if self.s.coverage or self.sampler else {}
+        if self.s.coverage:
+            metrics["train/coverage"] = float(aux[2])
         if self.sampler is not None:
-            metrics.update({"train/nll": float(aux[0]), "train/rl_loss": float(aux[3]), "train/reward": float(np.mean(self._rewards or [0.0]))})
+            metrics.update({"train/rl_loss": float(aux[3]), "train/reward": float(np.mean(self._rewards or [0.0]))})
             self._rewards = []
         return metrics
 

@@ -23,7 +23,7 @@ from b2b.decoding import DecodingConfig, WordPieces
 from b2b.generate import generate
 from b2b.rouge import rouge_scores
 
-from .batching import collate
+from .batching import collate_targets
 
 REWARD = ("rouge2", "rougeLsum")
 
@@ -71,8 +71,7 @@ class Sampler:
         scores = rouge_scores(texts, refs).per_example
         rewards = np.array([sum(e[name] for name in REWARD) / (100.0 * len(REWARD)) for e in scores], np.float32)
         rewards = rewards.reshape(-1, self.k)
-        samples = collate(seqs, c.pad_id, pad_to_multiple=16)
-        samples = np.concatenate([samples, np.full((len(seqs), 1), c.pad_id, np.int32)], axis=1)  # labels shift
+        samples = collate_targets(seqs, c.pad_id)
         return SampledBatch(
             samples.reshape(len(references), self.k, -1), standardize(leave_one_out(rewards)), rewards,
             sum(len(h.tokens) for h in hyps),
