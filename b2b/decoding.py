@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import string
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 
+from .spelling import ENDINGS, NEGATABLE, NEGATION
 from .typecheck import type_problem
 
 
@@ -39,6 +41,11 @@ class DecodingConfig:
     # and -Lsum +0.2-0.5, ROUGE-2 level; README). 0: off; greedy, sampling and models without a
     # pointer ignore it.
     coverage_penalty: float = 1.0
+    # A word written over several WordPieces must spell a source word (or its stem plus -s, -ed,
+    # -ing...), and one started must be finished: no "albert maysled" for "albert maysles", no
+    # "leprechaununun", no "alson't" (b2b/spelling.py; ~7 % of CNN summaries had such a word).
+    # Needs the tokenizer's word pieces and the source (summarize() has both).
+    source_spelling: bool = True
     early_stopping: bool = True  # beam: stop once num_beams hypotheses have finished
     do_sample: bool = False
     temperature: float = 1.0
@@ -114,16 +121,43 @@ class WordPieces:
     span: int = 4  # the longest phrase checked, in words
     fillers: frozenset[int] = frozenset()  # FUNCTION_WORDS' and punctuation's ids: a repeated pair may hold them
     sentence_ends: frozenset[int] = frozenset()  # SENTENCE_ENDS' ids: pairs repeat freely across them
+    # For `source_spelling` (b2b/spelling.py): the ids of its ENDINGS, of NEGATION and of the
+    # NEGATABLE words (as one-piece words).
+    endings: frozenset[int] = frozenset()
+    negation: int | None = None
+    negatable: frozenset[tuple[int, ...]] = frozenset()
 
     @classmethod
     def of(cls, tokenizer) -> "WordPieces":
         """From a b2b Tokenizer: its word-continuing pieces and the ids it has of JOINERS,
-        FUNCTION_WORDS, punctuation and SENTENCE_ENDS."""
+        FUNCTION_WORDS, punctuation, SENTENCE_ENDS and of what `source_spelling` needs."""
         def ids(words) -> frozenset[int]:
             return frozenset(i for i in map(tokenizer.token_id, words) if i is not None)
 
         fillers = ids(FUNCTION_WORDS) | ids(string.punctuation)
-        return cls(tokenizer.continues_word, ids(JOINERS), fillers=fillers, sentence_ends=ids(SENTENCE_ENDS))
+        return cls(
+            tokenizer.continues_word, ids(JOINERS), fillers=fillers, sentence_ends=ids(SENTENCE_ENDS),
+            endings=ids(ENDINGS), negation=tokenizer.token_id(NEGATION), negatable=frozenset((i,) for i in ids(NEGATABLE)),
+        )
+
+    @cached_property
+    def continuations(self) -> np.ndarray:
+        """Ids of the pieces that continue a word."""
+        return np.flatnonzero(self.continues)
+
+    @cached_property
+    def word_starts(self) -> np.ndarray:
+        """Ids of the pieces that start a word."""
+        return np.flatnonzero(~np.asarray(self.continues, dtype=bool))
+
+    def split_words(self, ids: list[int]) -> list[tuple[int, ...]]:
+        """`ids` as words, each a tuple of its pieces."""
+        return self._last_words(ids, len(ids))
+
+    def last_word(self, history: list[int]) -> tuple[int, ...]:
+        """The word `history` ends with (its pieces so far); () for an empty history."""
+        words = self._last_words(history, 1)
+        return words[0] if words else ()
 
     def banned(self, history: list[int]) -> list[int]:
         """What `no_repeat_word` bans after `history`: `stutters` and `repeats`."""

@@ -17,6 +17,7 @@ from .cache import DecoderCache, StaticLayerCache, StepPosition
 from .decoding import DecodingConfig, DecodingError, WordPieces
 from .model import Bert2Bert
 from .pointer import CopyMixer
+from .spelling import SourceSpelling
 
 _OUTPUT_T = "_b2b_output_t"  # model attribute: (output matrix, its (C, V) copy) for decoding
 
@@ -60,13 +61,22 @@ def _penalize_repeats(logits: np.ndarray, histories: list[list[int]], penalty: f
     return logits
 
 
+def _spellings(cfg: DecodingConfig, words: WordPieces | None, src_ids: mx.array | None, beams: int = 1) -> list[SourceSpelling] | None:
+    """One `SourceSpelling` per row (rows b*beams + k share input b's), or None when
+    `cfg.source_spelling` is off or the word pieces or the source are missing."""
+    if not cfg.source_spelling or words is None or src_ids is None:
+        return None
+    per_input = [SourceSpelling(ids, words) for ids in np.array(src_ids).tolist()]
+    return [s for s in per_input for _ in range(beams)]
+
+
 def _apply_constraints(
     logits: np.ndarray, histories: list[list[int]], cfg: DecodingConfig, eos_id: int, start_id: int,
-    words: WordPieces | None,
+    words: WordPieces | None, spellings: list[SourceSpelling] | None = None,
 ) -> np.ndarray:
     """The repetition penalty, then bans as -inf logits: [SEP] before min_length, tokens that
-    repeat an n-gram, and a word following itself. On the host, in place: a step's logits are
-    read there anyway."""
+    repeat an n-gram, a word following itself, and words the source does not spell
+    (`spellings`, one per row). On the host, in place: a step's logits are read there anyway."""
     if cfg.repetition_penalty != 1.0:
         logits = _penalize_repeats(logits, histories, cfg.repetition_penalty, start_id)
     word_bans = cfg.no_repeat_word and words is not None
@@ -78,6 +88,8 @@ def _apply_constraints(
             banned.append(eos_id)
         if banned:
             logits[r, banned] = -np.inf
+        if spellings is not None:
+            spellings[r].restrict(logits[r], hist)
     return logits
 
 
@@ -237,12 +249,13 @@ def greedy_or_sample(
     c = model.config
     B = memory.shape[0]
     decode = _Stepper(model, memory, src_mask, cfg.max_length, src_ids=src_ids)
+    spellings = _spellings(cfg, words, src_ids)
     key = mx.random.key(cfg.seed if cfg.seed is not None else int(np.random.randint(2**31)))
     histories: list[list[int]] = [[] for _ in range(B)]
     reasons: list[str | None] = [None] * B
     tokens = mx.full((B, 1), c.cls_id, dtype=mx.int32)
     for _ in range(cfg.max_length):
-        logits = _apply_constraints(decode(tokens), histories, cfg, c.sep_id, c.cls_id, words)
+        logits = _apply_constraints(decode(tokens), histories, cfg, c.sep_id, c.cls_id, words, spellings)
         if cfg.strategy == "sample":
             key, sub = mx.random.split(key)
             chosen = _sample(mx.array(logits), cfg, sub).tolist()
@@ -274,6 +287,7 @@ def beam_search(
     decode = _Stepper(model, memory, src_mask, cfg.max_length, beams=K, log_probs=True, src_ids=src_ids,
                       copy_weights=cfg.coverage_penalty > 0)
     covers = decode.copy is not None and cfg.coverage_penalty > 0
+    spellings = _spellings(cfg, words, src_ids, K)
     coverage = None  # (B*K, S) copy attention summed over each beam's steps
     penalty = np.zeros(B * K)  # its cost: coverage_penalty * sum over positions of max(coverage - 1, 0)
     reorder = None
@@ -286,7 +300,7 @@ def beam_search(
     best: list[list[int]] = [[] for _ in range(B)]
     V = c.vocab_size
     for step in range(cfg.max_length):
-        logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id, c.cls_id, words)  # (B*K, V)
+        logprobs = _apply_constraints(decode(tokens, reorder), histories, cfg, c.sep_id, c.cls_id, words, spellings)  # (B*K, V)
         if covers:  # `scores` stay the log-probabilities; the penalty is charged on ranking
             coverage = decode.copy.weights.astype(np.float64) + (0.0 if coverage is None else coverage)
             penalty = cfg.coverage_penalty * np.maximum(coverage - 1.0, 0.0).sum(axis=-1)

@@ -29,6 +29,7 @@ class DecodingControls:
     repetition_penalty: gr.Slider
     no_repeat_word: gr.Checkbox
     coverage_penalty: gr.Slider
+    source_spelling: gr.Checkbox
 
     @property
     def inputs(self) -> list:
@@ -76,6 +77,11 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
                 'or "of" ("texas, texas", "new york and new york", "the video of the video"), nor a pair '
                 'of content words come twice in a sentence ("police say ... police say").',
             )
+            spelling = gr.Checkbox(
+                value=d["source_spelling"], label="Spell words as the source does",
+                info='A word written in several pieces must be a word of the article, or one with -s, -ed, '
+                '-ing...: no "albert maysled" for "albert maysles", no half-written names.',
+            )
         with gr.Row():
             # No minimum/maximum on these: gradio would refuse an out-of-range value with a vague
             # error; decoding_kwargs checks the range and says it in one sentence.
@@ -89,7 +95,7 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
             seed = gr.Number(value=d["seed"], precision=0, label="Seed", info="-1: random", visible=sampling, min_width=WIDE)
     controls = DecodingControls(
         strategy, num_beams, length_penalty, no_repeat, min_length, max_length, temperature, top_k, top_p, seed, repetition, stutter,
-        coverage,
+        coverage, spelling,
     )
     strategy.change(
         _visibility, strategy, [num_beams, length_penalty, coverage, temperature, top_k, top_p, seed],

@@ -249,12 +249,12 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
     def on_evaluate(
         source_v, upload_v, article_v, reference_v, n_v, batch_v,
         strategy, num_beams, length_penalty, no_repeat_ngram_size, min_length, max_length,
-        temperature, top_k, top_p, seed, repetition_penalty, no_repeat_word, coverage_penalty,
+        temperature, top_k, top_p, seed, repetition_penalty, no_repeat_word, coverage_penalty, source_spelling,
         progress=gr.Progress(),  # noqa: B008 - gradio's idiom
     ):
         decoding = [
             strategy, num_beams, length_penalty, no_repeat_ngram_size, min_length, max_length, temperature, top_k, top_p, seed,
-            repetition_penalty, no_repeat_word, coverage_penalty,
+            repetition_penalty, no_repeat_word, coverage_penalty, source_spelling,
         ]
         shown = None
         for out in eval_steps(store, source_v, upload_v, article_v, reference_v, n_v, batch_v, decoding, progress):

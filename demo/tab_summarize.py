@@ -189,11 +189,13 @@ def build_api(store: CheckpointStore, concurrency: int | None = 2) -> None:
         repetition_penalty: float = d["repetition_penalty"],
         no_repeat_word: bool = d["no_repeat_word"],
         coverage_penalty: float = d["coverage_penalty"],
+        source_spelling: bool = d["source_spelling"],
     ) -> str:
         """Summarize `text`. strategy: beam, greedy or sampling."""
         return summarize_text(
             store, text, strategy, num_beams, length_penalty, no_repeat_ngram_size,
             min_length, max_length, temperature, top_k, top_p, seed, repetition_penalty, no_repeat_word, coverage_penalty,
+            source_spelling,
         )
 
     gr.api(summarize_api, api_name="summarize", concurrency_limit=concurrency, concurrency_id="model")

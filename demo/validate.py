@@ -27,6 +27,7 @@ SUMMARIZE_DEFAULTS = dict(
     strategy="beam", num_beams=4, length_penalty=1.0, no_repeat_ngram_size=3, min_length=10,
     max_length=128, temperature=1.0, top_k=50, top_p=0.95, seed=-1, repetition_penalty=1.0, no_repeat_word=True,
     coverage_penalty=DecodingConfig.coverage_penalty,  # the library's, chosen on validation articles
+    source_spelling=DecodingConfig.source_spelling,
 )
 # ROUGE over many articles on a CPU: greedy keeps it to seconds per batch.
 EVAL_DEFAULTS = dict(SUMMARIZE_DEFAULTS, strategy="greedy", num_beams=1)
@@ -221,6 +222,7 @@ def decoding_kwargs(
     repetition_penalty: object = 1.0,
     no_repeat_word: object = True,
     coverage_penalty: object = DecodingConfig.coverage_penalty,
+    source_spelling: object = DecodingConfig.source_spelling,
 ) -> dict:
     """The UI's decoding settings as `summarize()` keyword arguments, checked (BadInput)."""
     strategy = (strategy or "").strip().lower()
@@ -235,6 +237,7 @@ def decoding_kwargs(
         # Below 1 it would reward repeating; transformers allows it, a summary never wants it.
         repetition_penalty=_number(repetition_penalty, "Repetition penalty", False, 1, 5),
         no_repeat_word=_flag(no_repeat_word, "Block word stutter"),
+        source_spelling=_flag(source_spelling, "Spell words as the source does"),
     )
     if kw["min_length"] > kw["max_length"]:
         raise BadInput(f"Min length ({kw['min_length']}) must not exceed max length ({kw['max_length']}).")

@@ -137,7 +137,7 @@ def test_decoding_kwargs_per_strategy():
     beam = decoding_kwargs("beam", 4, 1.2, 3, 5, 60, 1.0, 50, 0.9, -1)
     assert beam == dict(
         min_length=5, max_length=60, no_repeat_ngram_size=3, repetition_penalty=1.0, no_repeat_word=True, num_beams=4,
-        length_penalty=1.2, coverage_penalty=1.0,
+        length_penalty=1.2, coverage_penalty=1.0, source_spelling=True,
     )
     # The coverage penalty is a beam setting, from 0 (off) up.
     assert decoding_kwargs("beam", 4, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, True, "1.5")["coverage_penalty"] == 1.5
@@ -149,6 +149,9 @@ def test_decoding_kwargs_per_strategy():
     assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, "false")["no_repeat_word"] is False
     with pytest.raises(BadInput, match="Block word stutter must be true or false"):
         decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, "maybe")
+    assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, True, 1.0, "off")["source_spelling"] is False
+    with pytest.raises(BadInput, match="Spell words as the source does must be true or false"):
+        decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.0, True, 1.0, 2)
     assert decoding_kwargs("greedy", 1, 1.0, 3, 0, 20, 1.0, 50, 0.9, -1, 1.25)["repetition_penalty"] == 1.25
     greedy = decoding_kwargs("greedy", 4, 1.2, 0, 0, 20, 1.0, 50, 0.9, -1)
     assert "num_beams" not in greedy and "do_sample" not in greedy

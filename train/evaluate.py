@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="beam search, pointer models: charge copy attention spent past 1 on a source position (0: off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="as transformers' generate; 1: off")
     p.add_argument("--allow-word-repeats", action="store_true", help="let a word or phrase follow itself (\"texas, texas\"); banned by default")
+    p.add_argument("--free-spelling", action="store_true",
+                   help="let a word written over several WordPieces spell what the source does not (\"mays\" + \"##led\" for \"maysles\"); banned by default")
     p.add_argument("--max-source-length", type=int, default=0,
                    help="source tokens read (0: the length the checkpoint was trained on, from its decoding.json, else all its positions)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             num_beams=a.num_beams, max_length=a.max_length, min_length=a.min_length,
             length_penalty=a.length_penalty, no_repeat_ngram_size=a.no_repeat_ngram_size,
             repetition_penalty=a.repetition_penalty, coverage_penalty=a.coverage_penalty, no_repeat_word=not a.allow_word_repeats,
+            source_spelling=not a.free_spelling,
             max_source_length=a.max_source_length or model.source_limit,  # the report names the length used
         )
         bar.close()
