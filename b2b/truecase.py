@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
+from .text import ends_sentence
+
 _WORD = re.compile(r"[^\W\d_](?:[\w'’.-]*\w)?")
 _POSSESSIVE = re.compile(r"['’]s$", re.IGNORECASE)
 _SENTENCE_START = re.compile(r"(?:^|[.!?:][\"'’”)\]]*\s+|\n\s*|[\"“(]\s*)$")
@@ -19,7 +21,7 @@ def casing_table(source: str) -> dict[str, str]:
     counts: dict[str, Counter] = defaultdict(Counter)
     for m in _WORD.finditer(source):
         start = m.start()
-        if start == 0 or _SENTENCE_START.search(source[max(0, start - 4) : start]):
+        if start == 0 or _SENTENCE_START.search(source[max(0, start - 4) : start]) and not _after_title(source, start):
             continue
         counts[m.group().lower()][m.group()] += 1
         stem = _POSSESSIVE.sub("", m.group())
@@ -30,6 +32,14 @@ def casing_table(source: str) -> dict[str, str]:
                 if part[:1].isalpha():
                     counts[part.lower()][part] += 1
     return {low: forms.most_common(1)[0][0] for low, forms in counts.items()}
+
+
+def _after_title(source: str, start: int) -> bool:
+    """The word at `start` follows an abbreviation's or an initial's full stop ("Sgt. Bowe",
+    "Dr. Ruth", "John F. Kennedy"), not a sentence's: names sit there, and would otherwise go
+    uncounted."""
+    before = source[:start].rstrip()
+    return before.endswith(".") and not ends_sentence(before)
 
 
 def truecase(summary: str, source: str) -> str:
