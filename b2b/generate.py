@@ -17,7 +17,7 @@ from .cache import DecoderCache, StaticLayerCache, StepPosition
 from .decoding import DecodingConfig, DecodingError, WordPieces
 from .model import Bert2Bert
 from .pointer import CopyMixer
-from .spelling import SourceSpelling
+from .spelling import SourceSpelling, row_spellings
 
 _OUTPUT_T = "_b2b_output_t"  # model attribute: (output matrix, its (C, V) copy) for decoding
 
@@ -62,12 +62,10 @@ def _penalize_repeats(logits: np.ndarray, histories: list[list[int]], penalty: f
 
 
 def _spellings(cfg: DecodingConfig, words: WordPieces | None, src_ids: mx.array | None, beams: int = 1) -> list[SourceSpelling] | None:
-    """One `SourceSpelling` per row (rows b*beams + k share input b's), or None when
-    `cfg.source_spelling` is off or the word pieces or the source are missing."""
-    if not cfg.source_spelling or words is None or src_ids is None:
-        return None
-    per_input = [SourceSpelling(ids, words) for ids in np.array(src_ids).tolist()]
-    return [s for s in per_input for _ in range(beams)]
+    """Each row's `SourceSpelling`, or None when `cfg.source_spelling` is off or the word pieces
+    or the source are missing."""
+    on = cfg.source_spelling and words is not None and src_ids is not None
+    return row_spellings(np.array(src_ids), words, beams) if on else None
 
 
 def _apply_constraints(

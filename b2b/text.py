@@ -104,7 +104,7 @@ def _glue(tokens: list[str]) -> str:
     return out
 
 
-def ends_sentence(before: str) -> bool:
+def _ends_sentence(before: str) -> bool:
     """Whether the period that ends `before` ends a sentence (not `mr.`, `u.s.`, `j.`)."""
     words = before.rsplit(None, 1)
     word = words[-1].rstrip(".").lower() if words else ""
@@ -114,7 +114,7 @@ def ends_sentence(before: str) -> bool:
 def _capitalize(text: str) -> str:
     """Upper-case the first letter of the text and of each sentence, plus I, CNN and acronyms."""
     def after_stop(m: re.Match) -> str:
-        if m.group(1) == "." and not ends_sentence(m.string[: m.start() + 1]):
+        if m.group(1) == "." and not _ends_sentence(m.string[: m.start() + 1]):
             return m.group(0)
         if m.group(1) in "?!" and re.search("[\"'”’]", m.group(2)):
             return m.group(0)  # `"why?" he asked`: the quote ends, the sentence goes on
@@ -158,7 +158,7 @@ def split_sentences(text: str) -> list[str]:
         if end <= start:
             continue
         if m.group(0) != "\n":
-            if text[m.start() - 1] == "." and not ends_sentence(text[start : m.start()]):
+            if text[m.start() - 1] == "." and not _ends_sentence(text[start : m.start()]):
                 continue
             if cased and _LOWER_NEXT.match(text, end):
                 continue

@@ -36,12 +36,13 @@ def test_a_started_source_word_goes_on_as_the_source_spells_it(tokenizer, words)
 
 
 def test_endings_follow_content_words_not_function_words_or_other_endings(tokenizer, words):
-    spelling = SourceSpelling(_ids(tokenizer, "he pleaded guilty"), words)
+    spelling = SourceSpelling(_ids(tokenizer, "the man pleaded guilty , and he was in court"), words)
     s, ed = tokenizer.token_id("##s"), tokenizer.token_id("##ed")
     plead = _ids(tokenizer, "plead")
     assert len(plead) == 1
     assert s in spelling.allowed(tuple(plead))[0]  # "pleads"
-    assert spelling.allowed((tokenizer.token_id("the"),)) == ([], False)  # no "the" + "##wings"
+    for function_word in ("the", "was", "in", ","):  # source words, but no "the" + "##s", "was" + "##d"
+        assert spelling.allowed((tokenizer.token_id(function_word),)) == ([], False), function_word
     assert spelling.allowed((plead[0], s)) == ([], False)  # no "plead" + "##s" + "##ed"
     assert ed in spelling.allowed(tuple(plead))[0]
 
@@ -53,7 +54,7 @@ def test_restrict_bans_misspellings_in_a_row_of_logits(tokenizer, words):
     wrong = tokenizer.token_id("##led")
     assert wrong is not None and wrong != name[1]
     row = np.zeros(V, np.float32)
-    spelling.restrict(row, _ids(tokenizer, "director") + name[:1])  # "mays": may end or go on as "##les"...
+    spelling.restrict(row, _ids(tokenizer, "director") + name[:1])  # its first piece: may end, or go on as the source's...
     assert row[wrong] == -np.inf and row[name[1]] == 0 and row[tokenizer.token_id("died")] == 0
     row = np.zeros(V, np.float32)
     spelling.restrict(row, name[:2])  # several pieces, no word yet: only the source's next piece
@@ -61,12 +62,16 @@ def test_restrict_bans_misspellings_in_a_row_of_logits(tokenizer, words):
     row = np.zeros(V, np.float32)
     spelling.restrict(row, [])  # a summary does not start with a continuing piece
     assert row[wrong] == -np.inf and row[tokenizer.token_id("albert")] == 0
-    # "also" + "n ' t" reads "alson't"; "did" + "n ' t" is "didn't".
+    # "also" + "n ' t" reads "alson't"; "did" + "n ' t" is "didn't"; "rock 'n' roll" where the source has it.
     n = tokenizer.token_id("n")
-    for before, banned in (("also", True), ("did", False), ("ca", False)):
+    rock = SourceSpelling(_ids(tokenizer, "a rock ' n ' roll band"), words)
+    for before, banned in (("also", True), ("did", False), ("ca", False), ("rock '", False)):
         row = np.zeros(V, np.float32)
-        spelling.restrict(row, _ids(tokenizer, f"he {before}"))
+        rock.restrict(row, _ids(tokenizer, f"he {before}"))
         assert (row[n] == -np.inf) == banned, before
+    row = np.zeros(V, np.float32)
+    spelling.restrict(row, _ids(tokenizer, "a rock '"))  # not where this source has no "' n"
+    assert row[n] == -np.inf
 
 
 def test_restrict_leaves_a_row_it_would_empty(tokenizer, words):
@@ -75,8 +80,16 @@ def test_restrict_leaves_a_row_it_would_empty(tokenizer, words):
     row = np.zeros(tokenizer.vocab_size, np.float32)
     row[name[2]] = -np.inf  # the only piece that would finish the word is banned already
     spelling.restrict(row, name[:2])
-    assert np.isfinite(row[words.continuations]).sum() == len(words.continuations) - 1
-    assert np.isfinite(row[words.word_starts]).sum() == len(words.word_starts) - 1  # only "n" (of "n't")
+    assert np.isfinite(row).sum() == tokenizer.vocab_size - 1  # the row is left as it was
+    # Not forced: where every word start and every allowed piece is banned already, the other
+    # continuing pieces stay.
+    row = np.zeros(tokenizer.vocab_size, np.float32)
+    row[words.word_starts] = -np.inf
+    keep, must_go_on = spelling.allowed(tuple(name[:1]))
+    assert not must_go_on
+    row[keep] = -np.inf
+    spelling.restrict(row, name[:1])
+    assert np.isfinite(row).sum() == len(words.continuations) - len(keep)
 
 
 def test_decoding_spells_words_as_the_source_does(tiny_model, tokenizer, words):
@@ -97,3 +110,26 @@ def test_decoding_spells_words_as_the_source_does(tiny_model, tokenizer, words):
             assert len(word) == 1 or word in source_words, word
         # Without word pieces (a bare generate call), the rule cannot apply.
         assert wrong in generate(tiny_model, src, None, strict)[0].tokens
+    sampled = DecodingConfig(max_length=8, do_sample=True, temperature=0.5, seed=3)
+    assert wrong not in generate(tiny_model, src, None, sampled, words)[0].tokens
+
+
+def test_each_input_of_a_batch_spells_from_its_own_source(tiny_model, tokenizer, words):
+    """Rows b*K + k of beam search are input b's: each keeps to its own article."""
+    first = _pieces(tokenizer, "yanukovych")
+    texts = ["viktor yanukovych fled kiev", "the court met in kiev"]
+    batch = tokenizer.batch_encode(texts, max_length=32)
+    src, mask = mx.array(batch.ids), mx.array(batch.attention_mask)
+    bias = np.zeros(tiny_model.config.vocab_size, dtype=np.float32)
+    for piece, value in zip(first, (60.0, 59.0, 58.0, 57.0)):  # "yan ##uk ##ov ##ych", then the end
+        bias[piece] = value
+    bias[tiny_model.config.sep_id] = 50.0
+    tiny_model.decoder.lm_head.bias = mx.array(bias)
+    for beams in (1, 3):
+        cfg = DecodingConfig(max_length=8, num_beams=beams)
+        hyps = generate(tiny_model, src, mask, cfg, words)
+        assert first[1] in hyps[0].tokens  # the first article has "yanukovych": "yan ##uk" may go on...
+        assert first[1] not in hyps[1].tokens, hyps[1].tokens  # ...the second has no such word
+        for h, ids in zip(hyps, batch.ids):
+            known = set(words.split_words(ids))
+            assert all(len(w) == 1 or w in known for w in words.split_words(h.tokens)), h.tokens

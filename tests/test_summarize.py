@@ -74,11 +74,14 @@ def test_truecase_restores_names_from_the_source():
     assert truecase("He was seen in the radnor area.", "Seen in the Radnor-Wayne area.") == "He was seen in the Radnor area."
     assert truecase("A self-made man.", "He is a self-made man.") == "A self-made man."  # common words stay lowercase
     # After a title's or an initial's full stop a name is not at a sentence start: it counts.
-    src = "The Army will charge Sgt. Bowe Bergdahl. Dr. Sanjay Gupta and John F. Kennedy spoke at 10 a.m. Tuesday."
-    assert truecase("sgt. bowe bergdahl met dr. sanjay gupta on tuesday near kennedy airport.", src) == (
-        "Sgt. Bowe Bergdahl met dr. Sanjay Gupta on Tuesday near Kennedy airport."  # "Dr." only starts a sentence there
+    src = "The Army will charge Sgt. Bowe Bergdahl. Dr. Sanjay Gupta and John F. Kennedy spoke."
+    assert truecase("sgt. bowe bergdahl met dr. sanjay gupta near kennedy airport.", src) == (
+        "Sgt. Bowe Bergdahl met dr. Sanjay Gupta near Kennedy airport."  # "Dr." only starts a sentence there
     )
     assert truecase("The army spoke.", "He left. Army officials spoke.") == "The army spoke."  # a sentence's start still does not count
+    # A sentence can end in "U.S." or "a.m.": the word after is a sentence start there.
+    src = "He fled to the U.S. Authorities are searching. He was seen at 10 a.m. Police arrived, and police said more."
+    assert truecase("authorities say police are searching.", src) == "authorities say police are searching."
 
 
 def test_tokenizer_bigger_than_the_model_vocabulary_is_refused(tiny_config, tokenizer):

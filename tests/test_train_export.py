@@ -8,7 +8,8 @@ from train.export import main as export_main
 def test_export_float16_with_card_notes_and_reports(tmp_path, tiny_model, tokenizer):
     ckpt = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "run" / "checkpoints" / "step_0000010"))
     report = {"n": 3, "model": {"rouge1": 10.0, "rouge2": 2.0, "rougeLsum": 9.0},
-              "lead3": {"rouge1": 30.0, "rouge2": 12.0, "rougeLsum": 27.0}, "settings": {"num_beams": 4}}
+              "lead3": {"rouge1": 30.0, "rouge2": 12.0, "rougeLsum": 27.0},
+              "settings": {"num_beams": 4, "no_repeat_word": True, "source_spelling": False}}
     (tmp_path / "run" / "checkpoints" / "step_0000010" / "eval_test_beam4.json").write_text(json.dumps(report))
     notes = tmp_path / "notes.md"
     notes.write_text("## Limitations\nUndertrained.\n")
@@ -19,6 +20,7 @@ def test_export_float16_with_card_notes_and_reports(tmp_path, tiny_model, tokeni
     card = (out / "MODEL_CARD.md").read_text()
     assert "| model | 10.00 | 2.00 | 9.00 |" in card and "| Lead-3 | 30.00 | 12.00 | 27.00 |" in card
     assert card.rstrip().endswith("Undertrained.")
+    assert "beams 4 (word-repeat bans on, source spelling off)" in card  # the decoding the figures depend on
     assert json.loads((out / "eval_test_beam4.json").read_text()) == report
     load_checkpoint(str(out))  # strict load of the float16 weights
     weights = (out / "model.safetensors").stat().st_size

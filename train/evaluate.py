@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="as transformers' generate; 1: off")
     p.add_argument("--allow-word-repeats", action="store_true", help="let a word or phrase follow itself (\"texas, texas\"); banned by default")
     p.add_argument("--free-spelling", action="store_true",
-                   help="let a word written over several WordPieces spell what the source does not (\"mays\" + \"##led\" for \"maysles\"); banned by default")
+                   help="let a word written over several WordPieces spell what the source does not (\"maysled\" for \"maysles\"); banned by default")
     p.add_argument("--max-source-length", type=int, default=0,
                    help="source tokens read (0: the length the checkpoint was trained on, from its decoding.json, else all its positions)")
     p.add_argument("--batch-size", type=int, default=8)

@@ -80,6 +80,14 @@ def training_hardware(run_dir: str) -> str:
     return " and ".join(seen) if seen else f"{_hardware(runtime_info())} (the exporting machine: the run recorded none)"
 
 
+def _constraints(settings: dict) -> str:
+    """The decoding bans a report was made with, for its heading (reports from before a setting
+    existed do not name it)."""
+    named = [("no_repeat_word", "word-repeat bans"), ("source_spelling", "source spelling")]
+    said = [f"{label} {'on' if settings[key] else 'off'}" for key, label in named if key in settings]
+    return f" ({', '.join(said)})" if said else ""
+
+
 def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | None = None) -> str:
     """Markdown describing how `model`, loaded from `ckpt`, was made and how well it does;
     `averaged` lists the other checkpoints whose weights were averaged with `ckpt`'s."""
@@ -123,7 +131,8 @@ def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | No
         m, l3, st = rep["model"], rep["lead3"], rep.get("settings", {})
         lines += [
             "",
-            f"`{os.path.basename(path)}`: {rep['n']} articles of {st.get('data', '?')}, beams {st.get('num_beams', '?')}",
+            f"`{os.path.basename(path)}`: {rep['n']} articles of {st.get('data', '?')}, beams {st.get('num_beams', '?')}"
+            + _constraints(st),
             "",
             "| | ROUGE-1 | ROUGE-2 | ROUGE-Lsum |",
             "|---|---|---|---|",

@@ -3,7 +3,7 @@
 
 Teacher forcing trains each next token given the reference's prefix; ROUGE scores whole
 summaries the model wrote itself. Here each article gets K sampled summaries (with the same
-bans on repeats as decoding), each rewarded by the mean of its ROUGE-2 and ROUGE-Lsum F1
+bans on repeats and the same source spelling as decoding's defaults), each rewarded by the mean of its ROUGE-2 and ROUGE-Lsum F1
 against the reference (the scores the issue's targets name, by `b2b.rouge`, the app's scorer).
 A sample's baseline is the mean reward of the article's other samples (Kool et al. 2019,
 "Buy 4 REINFORCE samples, get a baseline for free!"): no greedy decode per article, and an
