@@ -56,6 +56,7 @@ class SourceSpelling:
         self.source: set[tuple[int, ...]] = set()  # the source's words
         self.next: dict[tuple[int, ...], set[int]] = {}  # start of a source word -> pieces that go on with it
         self.before_n: set[tuple[int, ...]] = set()  # words the source puts "n" after ("rock 'n' roll")
+        self._answers: dict[tuple[int, ...], tuple[list[int], bool]] = {}  # `allowed`, per word: asked every row and step
         source_words = words.split_words(list(map(int, src_ids)))
         for i, word in enumerate(source_words):
             self.source.add(word)
@@ -67,6 +68,11 @@ class SourceSpelling:
     def allowed(self, word: tuple[int, ...]) -> tuple[list[int], bool]:
         """The word-continuing pieces that may follow `word`, and whether the word must go on
         (it starts a source word without being a word)."""
+        if word not in self._answers:
+            self._answers[word] = self._allowed(word)
+        return self._answers[word]
+
+    def _allowed(self, word: tuple[int, ...]) -> tuple[list[int], bool]:
         nexts = self.next.get(word, set())
         if len(word) > 1 and word not in self.source and nexts:
             return sorted(nexts), True

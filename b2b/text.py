@@ -20,10 +20,11 @@ def check_str(text: object, what: str = "text") -> str:
     return text
 
 
+# Titles a name follows ("Sgt. Bowe", "Dr. Sanjay"): their period never ends a sentence.
+TITLES = frozenset("mr mrs ms dr prof gen sen rep gov lt col sgt capt cpl maj adm rev".split())
 # Words whose trailing period does not end a sentence.
-_ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof st jr sr vs gen sen rep gov lt col sgt capt cpl maj adm mt ft rev "
-    "jan feb mar apr aug sep sept oct nov dec inc ltd co corp dept est approx".split()
+_ABBREVIATIONS = TITLES | frozenset(
+    "st jr sr vs mt ft jan feb mar apr aug sep sept oct nov dec inc ltd co corp dept est approx".split()
 )
 _KEEP_LOWER = frozenset({"i.e.", "e.g.", "a.m.", "p.m."})
 _UPPER_WORDS = {w: w.upper() for w in ("cnn", "fbi", "cia", "nasa", "bbc", "nfl", "nba")}

@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
+from .text import TITLES
+
 
 _WORD = re.compile(r"[^\W\d_](?:[\w'’.-]*\w)?")
 _POSSESSIVE = re.compile(r"['’]s$", re.IGNORECASE)
 _SENTENCE_START = re.compile(r"(?:^|[.!?:][\"'’”)\]]*\s+|\n\s*|[\"“(]\s*)$")
-# Titles a name follows ("Sgt. Bowe", "Dr. Sanjay"); a sentence can end in "U.S." or "a.m.", so
-# those are not here.
-_TITLES = frozenset("mr mrs ms dr prof gen sen rep gov lt col sgt capt cpl maj adm rev pres det insp supt".split())
+# After a title's or a single initial's full stop comes a name; a sentence can end in "U.S." or
+# "a.m.", so other abbreviations do not count.
 _TITLE_STOP = re.compile(r"(?:^|[\s(])([A-Za-z]+)\.\s+$")
 
 
@@ -41,7 +42,7 @@ def _after_title(source: str, start: int) -> bool:
     """The word at `start` follows a title's or an initial's full stop ("Sgt. Bowe", "Dr. Ruth",
     "John F. Kennedy"), not a sentence's: names sit there, and would otherwise go uncounted."""
     m = _TITLE_STOP.search(source, max(0, start - 12), start)  # a short window: no copy of the text
-    return bool(m) and (len(m.group(1)) == 1 or m.group(1).lower() in _TITLES)
+    return bool(m) and (len(m.group(1)) == 1 or m.group(1).lower() in TITLES)
 
 
 def truecase(summary: str, source: str) -> str:
