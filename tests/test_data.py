@@ -363,3 +363,26 @@ def test_strip_update_labels_removes_cnns_new_label_from_each_line():
     assert data.summaries[0] == '" i thought i was going to die , " driver says .\ntruck was folded in half .'
     assert data.summaries[1] == "Police say the fire is out.\nThe new: label is only a label at the start."
     assert data.summaries[2:] == ["brand new : shoes sell out .\nnewton : apples fall .", "new :"]
+
+
+def test_end_sentences_closes_unended_summary_lines_with_a_full_stop():
+    from train.data import SummarizationData, end_sentences
+    from b2b.text import detokenize, split_sentences
+
+    data = SummarizationData(
+        ["a", "b", "c", "d"],
+        [
+            'the filmmaker also did " grey gardens "\nhe died at 88 .',  # PTB: quote ends the line
+            'He said: "I am fine."\nWhat next?\nWow!',  # already ended, inside or before quotes
+            "the bank ( bp )\n\nraw text ends here ",  # a bracket, an empty line, trailing space
+            "done . \"",  # PTB full stop before a spaced-off closing quote
+        ],
+    )
+    assert end_sentences(data) == 2
+    assert data.summaries[0] == 'the filmmaker also did " grey gardens " .\nhe died at 88 .'
+    assert data.summaries[1] == 'He said: "I am fine."\nWhat next?\nWow!'
+    assert data.summaries[2] == "the bank ( bp ) .\n\nraw text ends here ."
+    assert data.summaries[3] == 'done . "'
+    # What the model learns to write now splits where the highlights did.
+    joined = detokenize(" ".join(data.summaries[0].split("\n")))
+    assert split_sentences(joined) == ['The filmmaker also did "grey gardens".', "He died at 88."]

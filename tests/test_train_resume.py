@@ -196,6 +196,7 @@ def test_a_run_saved_before_a_setting_existed_resumes_as_it_ran(tmp_path, tiny_m
     (tmp_path / "settings.json").write_text(json.dumps({"data": "x.jsonl", "batch_size": 8}))
     resumed = parse_settings(FinetuneSettings, ["--out", str(tmp_path), "--resume"])
     assert resumed.keep_update_labels is True and resumed.batch_size == 8
+    assert resumed.keep_open_sentences is True  # nor did they end summary lines with a full stop
     with pytest.raises(SystemExit):
         parse_settings(FinetuneSettings, ["--out", str(tmp_path), "--resume", "--no-keep-update-labels"])
     assert parse_settings(FinetuneSettings, ["--data", "x.jsonl"]).keep_update_labels is False  # new runs

@@ -6,6 +6,7 @@ import json
 import logging
 
 import mlx.core as mx
+import pytest
 
 from b2b import B2BConfig, Bert2Bert
 from train import evaluate as evaluate_module
@@ -72,17 +73,26 @@ def test_lead3_is_scored_once_per_run(tmp_path, tokenizer, cnndm_rows, monkeypat
     assert set(first) == set(second) >= {"val/loss", "val/rouge2"}
 
 
-def test_finetune_removes_cnns_update_label_from_training_summaries_unless_kept(tmp_path, tokenizer):
-    rows = [{"article": f"story {i} about a fire .", "highlights": ["new : fire is out .", "crews stay ."]} for i in range(20)]
+@pytest.mark.parametrize(
+    "setting, highlights, cleaned, kept",
+    [
+        # CNN's "NEW:" label on updated stories: removed
+        ("keep_update_labels", ["new : fire is out .", "crews stay ."], "Fire is out. Crews stay.", "New: fire is out. Crews stay."),
+        # a line with no end mark: ended with a full stop, so the next sentence is not run on
+        ("keep_open_sentences", ['he made " grey gardens "', "he was 88 ."], 'He made "grey gardens". He was 88.', 'He made "grey gardens" he was 88.'),
+    ],
+)
+def test_finetune_cleans_training_summaries_unless_kept(tmp_path, tokenizer, setting, highlights, cleaned, kept):
+    rows = [{"article": f"story {i} about a fire .", "highlights": highlights} for i in range(20)]
     write_pairs(tmp_path / "train.jsonl", rows)
     write_pairs(tmp_path / "val.jsonl", rows[:2])
-    first_words = {}
+    texts = {}
     for keep in (False, True):
-        s = FinetuneSettings(data=str(tmp_path), max_source_len=32, max_target_len=16, keep_update_labels=keep)
+        s = FinetuneSettings(data=str(tmp_path), max_source_len=32, max_target_len=24, **{setting: keep})
         task = SummarizationTask(s, tokenizer, 512)
-        first_words[keep] = {tokenizer.decode(t[1:3].tolist()) for t in task.train.targets}
-    assert first_words == {False: {"Fire is"}, True: {"New:"}}  # decode() detokenizes
-    assert "keep_update_labels" in FinetuneSettings.RUN_IDENTITY  # a resume may not switch it
+        texts[keep] = {tokenizer.decode(t.tolist()) for t in task.train.targets}  # decode() detokenizes
+    assert texts == {False: {cleaned}, True: {kept}}
+    assert setting in FinetuneSettings.RUN_IDENTITY  # a resume may not switch it
 
 
 def test_finetune_records_the_source_length_it_trains_on_in_the_model(tmp_path, tokenizer, cnndm_rows, tiny_model):

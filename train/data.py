@@ -278,6 +278,26 @@ def strip_update_labels(data: SummarizationData) -> int:
     return changed
 
 
+# 5% of CNN/DailyMail's training highlights end without a full stop, most on a closing quote
+# (`the filmmaker also did " grey gardens "`). Summaries are joined into one token sequence, so
+# the next sentence then follows with no mark between them, and a model trained on it writes run-on
+# sentences (`he was "over it" kaminsky was ...`) that neither readers nor ROUGE-Lsum can split.
+_ENDED = re.compile(r"[.!?][\s\"'’”)\]]*$")
+
+
+def end_sentences(data: SummarizationData) -> int:
+    """End every summary line that has no . ! ? (before closing quotes or brackets) with a full
+    stop, in place; returns the number of summaries changed."""
+    changed = 0
+    for i, summary in enumerate(data.summaries):
+        lines = summary.split("\n")
+        ended = [line if not line.strip() or _ENDED.search(line) else line.rstrip() + " ." for line in lines]
+        if ended != lines:
+            data.summaries[i] = "\n".join(ended)
+            changed += 1
+    return changed
+
+
 def _checked_pairs(
     rows: Iterator[tuple[int, dict]], path: str, fields: tuple[str, str]
 ) -> Iterator[tuple[object, object]]:

@@ -16,7 +16,7 @@ import numpy as np
 from b2b import Bert2Bert, Tokenizer
 
 from .batching import bucketed_batches, collate, collate_targets
-from .data import folder_has_split, load_summarization_pairs, strip_update_labels, tokenize_pairs
+from .data import end_sentences, folder_has_split, load_summarization_pairs, strip_update_labels, tokenize_pairs
 from .evaluate import evaluate_rouge
 from .command import run_command
 from .loop import Batch
@@ -32,10 +32,12 @@ log = logging.getLogger(__name__)
 class FinetuneSettings(TrainSettings):
     RUN_IDENTITY: ClassVar[tuple[str, ...]] = TrainSettings.RUN_IDENTITY + (
         "data", "data_config", "val_data", "article_field", "summary_field", "limit", "max_source_len", "max_target_len", "share",
-        "keep_update_labels", "pointer_generator", "rl_samples",
+        "keep_update_labels", "keep_open_sentences", "pointer_generator", "rl_samples",
     )
-    # Older runs kept "NEW:" and had no pointer-generator.
-    BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {"keep_update_labels": True, "pointer_generator": False, "rl_weight": 0.0}
+    # Older runs kept "NEW:" and unended summary lines, and had no pointer-generator.
+    BEFORE_IT_EXISTED: ClassVar[dict[str, object]] = {
+        "keep_update_labels": True, "keep_open_sentences": True, "pointer_generator": False, "rl_weight": 0.0,
+    }
 
     data: str = field(default="tests/fixtures/cnndm_tok_sample.jsonl.gz", metadata={"help": "JSONL/JSONL.GZ/CSV/Parquet, or a hub dataset name"})
     data_config: str = field(default="", metadata={"help": "hub dataset config, e.g. 3.0.0 for cnn_dailymail"})
@@ -46,6 +48,7 @@ class FinetuneSettings(TrainSettings):
     max_source_len: int = field(default=512, metadata={"help": "article tokens kept (the rest is cut); recorded in each checkpoint's decoding.json"})
     max_target_len: int = field(default=128, metadata={"help": "summary tokens trained on (the rest is cut)"})
     keep_update_labels: bool = field(default=False, metadata={"help": 'keep CNN\'s "NEW:" label at the start of training summary lines (removed by default: 8%% of CNN/DM\'s training pairs have one, its test set none)'})
+    keep_open_sentences: bool = field(default=False, metadata={"help": "leave training summary lines that end without . ! ? as they are (by default they get a full stop: 5%% of CNN/DM's training highlights end on a closing quote, and a model trained on them runs sentences together)"})
     share: bool = field(default=False, metadata={"help": "BERTShare: the decoder reuses the encoder's weights"})
     pointer_generator: bool = field(default=False, metadata={"help": "add a pointer-generator (copying source tokens, See et al. 2017) to a model that has none; its copy attention starts from the last cross-attention"})
     label_smoothing: float = field(default=0.0, metadata={"help": "share of each target's probability spread over the vocabulary (0: off; 0.1 is common)"})
@@ -108,6 +111,8 @@ class SummarizationTask:
             log.info("Validation: the last %d pairs of %s, held out from training (no --val-data, no validation split).", cut, data.source)
         if not s.keep_update_labels and (changed := strip_update_labels(data)):
             log.info('Removed CNN\'s "NEW:" label from %d training summaries (--keep-update-labels keeps it).', changed)
+        if not s.keep_open_sentences and (changed := end_sentences(data)):
+            log.info("Ended a line with a full stop in %d training summaries (--keep-open-sentences keeps them).", changed)
         self.train = tokenize_pairs(data, tokenizer, src_len, tgt_len)
         self.train_summaries = data.summaries  # REINFORCE's references
         self.sampler = Sampler(tokenizer, s.rl_samples, s.rl_temperature, tgt_len - 2) if s.rl_weight else None
