@@ -12,6 +12,7 @@ from plotly.subplots import make_subplots
 SPECIAL = {"[CLS]", "[SEP]", "[PAD]"}
 _NO_SPACE_BEFORE = set(".,;:!?)]}%'")
 _NO_SPACE_AFTER = set("([{$")
+_CONTRACTED = {"s", "t", "d", "m", "ll", "re", "ve"}  # WordPiece splits "don't" into don ' t
 COLORSCALE = "Blues"
 _HOVER = "<b>%{y}</b> → <b>%{x}</b><br>weight %{z:.3f}<extra></extra>"
 
@@ -167,7 +168,8 @@ def highlight_source(
     out: list[tuple[str, float | None]] = []
     for i, (text, w) in enumerate(words):
         score = round(w / top, 3)
-        glued = i == 0 or text in _NO_SPACE_BEFORE or (out and out[-1][0].strip() in _NO_SPACE_AFTER)
+        after = out[-1][0].strip() if out else ""
+        glued = i == 0 or text in _NO_SPACE_BEFORE or after in _NO_SPACE_AFTER or (after == "'" and text in _CONTRACTED)
         out.append((("" if glued else " ") + text, score if score >= floor and w >= least else None))
     return out
 

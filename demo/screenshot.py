@@ -15,7 +15,11 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-DONE = "() => (document.querySelector('#summary-stats')?.innerText || '').includes('tokens/s')"
+# The stats line is written with the last tokens; the buttons swap back (Summarize on, Stop off) just after.
+DONE = (
+    "() => (document.querySelector('#summary-stats')?.innerText || '').includes('tokens/s')"
+    " && !document.querySelector('#summarize-btn')?.disabled"
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,6 +66,12 @@ def test_highlight_joins_wordpieces_and_skips_specials():
     assert lenient["police"] == round(0.1 / 0.3, 3)
 
 
+def test_highlight_writes_contractions_as_one_word():
+    tokens = ["we", "don", "'", "t", "know", "cayman", "'", "s", "father", ",", "they", "'", "re", "sure"]
+    pieces = highlight_source(tokens, np.full(len(tokens), 1 / len(tokens)))
+    assert "".join(t for t, _ in pieces) == "we don't know cayman's father, they're sure"
+
+
 def test_uniform_attention_highlights_nothing():
     tokens = ["[CLS]"] + [f"w{i}" for i in range(510)] + ["[SEP]"]
     weights = np.full(512, 1 / 512) + np.random.default_rng(0).normal(0, 1e-7, 512)
