@@ -14,6 +14,7 @@ from .rouge import RougeResult, lead3, rouge_scores
 from .summarize import (
     AttentionMaps, InputError, StreamChunk, SummaryResult, attention_maps, stream_summarize, summarize,
 )
+from .text import glued_words
 from .tokenizer import Tokenizer, TokenizerError
 
 __version__ = "0.1.0"
@@ -22,6 +23,6 @@ __all__ = [
     "AttentionMaps", "B2BConfig", "Bert2Bert", "CheckpointError", "ConfigError", "ConversionError", "DECODING_FILE",
     "DecoderCache", "DecodingConfig", "DecodingError", "Hypothesis", "InputError", "Intermediates",
     "LayerCache", "PRESETS", "RougeResult", "StreamChunk", "SummaryResult", "Tokenizer", "TokenizerError",
-    "attention_maps", "dtype_name", "generate", "is_checkpoint", "lead3", "load_checkpoint", "load_hf_bert", "rouge_scores",
-    "runtime_info", "save_checkpoint", "stream_summarize", "summarize",
+    "attention_maps", "dtype_name", "generate", "glued_words", "is_checkpoint", "lead3", "load_checkpoint",
+    "load_hf_bert", "rouge_scores", "runtime_info", "save_checkpoint", "stream_summarize", "summarize",
 ]

@@ -2,7 +2,8 @@
 
 `detokenize` turns `the man 's dog did n't go .` into `The man's dog didn't go.`; it is what
 `Tokenizer.decode` returns and what ROUGE and the app show. `split_sentences` gives the
-newline-separated sentences rouge-score's ROUGE-Lsum expects.
+newline-separated sentences rouge-score's ROUGE-Lsum expects. `glued_words` tells, word by word,
+where `detokenize` writes no space, for text that must stay split into words (a highlighted source).
 """
 from __future__ import annotations
 
@@ -81,9 +82,10 @@ def _quote_role(tok: str, prev: str, nxt: str, is_open: bool, next_closes: bool)
     return "close" if is_open else "open"
 
 
-def _glue(tokens: list[str]) -> str:
-    """Join tokens, attaching punctuation and pairing quotes (open: glue right, close: left)."""
-    out, glue_next, is_open = "", True, {'"': False, "'": False}
+def _glued_tokens(tokens: list[str]) -> list[bool]:
+    """For each cleaned token, whether it is written with no space before it: punctuation
+    attaches, quotes pair (open: glue right, close: left)."""
+    glued, glue_next, is_open = [], True, {'"': False, "'": False}
     doubles = [i for i, t in enumerate(tokens) if t == '"']
     # Single quotes get no look-ahead: a possessive (the players') before a comma looks like a close.
     next_double = dict(zip(doubles, doubles[1:]))
@@ -100,8 +102,54 @@ def _glue(tokens: list[str]) -> str:
                 is_open[tok] = role == "open"
         elif tok in ("`", "‘"):  # a PTB / curly opening single quote: the next ' closes it
             is_open["'"] = True
-        out += tok if (glue_next or left) else " " + tok
+        glued.append(glue_next or left)
         glue_next = right
+    return glued
+
+
+def _glue(tokens: list[str]) -> str:
+    """Join cleaned tokens, a space before each one that is not glued."""
+    return "".join(t if g else " " + t for t, g in zip(tokens, _glued_tokens(tokens)))
+
+
+def _clean(line: str) -> list[str]:
+    """One line's tokens after the `_REPLACEMENTS`: `did n't`, `u.s.`, `1,000` become one token each."""
+    line = " " + " ".join(line.split()) + " "
+    for pattern, repl in _REPLACEMENTS:
+        line = pattern.sub(repl, line)
+    return line.split()
+
+
+def glued_words(words: list[str]) -> list[bool]:
+    """For each word of one line (WordPieces merged, punctuation split off: `don ' t`, `" hi "`),
+    whether `detokenize` writes it with no space before it; the first word counts as glued.
+    A word the clean-up drops (the second `.` of `a.m. .`, half of a `` ` ` `` quote) is glued."""
+    words = ["".join(w.split()) for w in words]
+    tokens = _clean(" ".join(words))
+    # The clean-up keeps every character except a few rewrites, so the words are found in the
+    # tokens run together; a word starting where a spaced token starts has a space before it.
+    text, spaced = "", set()
+    for tok, glued in zip(tokens, _glued_tokens(tokens)):
+        if not glued:
+            spaced.add(len(text))
+        text += tok
+    out, at, swallowed = [], 0, False
+    for word in words:
+        if swallowed:  # the second half of a two-word quote rewritten as one "
+            out.append(True)
+            swallowed = False
+            continue
+        if text.startswith(word, at):
+            size = len(word)
+        elif text.startswith('"', at) and word in ("``", "''", "`", "'"):  # PTB quotes become "
+            size, swallowed = 1, len(word) == 1
+        elif re.fullmatch(r"@[-,.]@", word) and text.startswith(word[1], at):  # WikiText's 1 @,@ 000
+            size = 1
+        else:  # dropped
+            out.append(True)
+            continue
+        out.append(at not in spaced)
+        at += size
     return out
 
 
@@ -137,10 +185,7 @@ def detokenize(text: str) -> str:
     becomes `The man's dog didn't go.`; lines are cleaned separately."""
     lines = []
     for line in check_str(text).split("\n"):
-        line = " " + " ".join(line.split()) + " "
-        for pattern, repl in _REPLACEMENTS:
-            line = pattern.sub(repl, line)
-        lines.append(_capitalize(_glue(line.split())))
+        lines.append(_capitalize(_glue(_clean(line))))
     return "\n".join(lines)
 
 

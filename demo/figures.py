@@ -9,10 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from b2b import glued_words
+
 SPECIAL = {"[CLS]", "[SEP]", "[PAD]"}
-_NO_SPACE_BEFORE = set(".,;:!?)]}%'")
-_NO_SPACE_AFTER = set("([{$")
-_CONTRACTED = {"s", "t", "d", "m", "ll", "re", "ve"}  # WordPiece splits "don't" into don ' t
 COLORSCALE = "Blues"
 _HOVER = "<b>%{y}</b> → <b>%{x}</b><br>weight %{z:.3f}<extra></extra>"
 
@@ -166,10 +165,9 @@ def highlight_source(
     top = max((w for _, w in words), default=0.0) or 1.0
     least = stands_out / max(1, len(tokens))
     out: list[tuple[str, float | None]] = []
-    for i, (text, w) in enumerate(words):
+    # Spaced as the summaries are (`don't`, `"hi"`, `u.s.`), but each word keeps its own score.
+    for (text, w), glued in zip(words, glued_words([text for text, _ in words])):
         score = round(w / top, 3)
-        after = out[-1][0].strip() if out else ""
-        glued = i == 0 or text in _NO_SPACE_BEFORE or after in _NO_SPACE_AFTER or (after == "'" and text in _CONTRACTED)
         out.append((("" if glued else " ") + text, score if score >= floor and w >= least else None))
     return out
 

@@ -72,6 +72,14 @@ def test_highlight_writes_contractions_as_one_word():
     assert "".join(t for t, _ in pieces) == "we don't know cayman's father, they're sure"
 
 
+def test_highlight_pairs_quotes_as_summaries_do():
+    tokens = ["[CLS]", "he", "called", "it", '"', "the", "forgotten", "floor", '"', ".", "[SEP]"]
+    weights = np.array([0.0, 0.05, 0.05, 0.05, 0.05, 0.1, 0.4, 0.2, 0.05, 0.05, 0.0])
+    pieces = highlight_source(tokens, weights)
+    assert "".join(t for t, _ in pieces) == 'he called it "the forgotten floor".'
+    assert dict(pieces)[" forgotten"] == 1.0  # each word keeps its own score
+
+
 def test_uniform_attention_highlights_nothing():
     tokens = ["[CLS]"] + [f"w{i}" for i in range(510)] + ["[SEP]"]
     weights = np.full(512, 1 / 512) + np.random.default_rng(0).normal(0, 1e-7, 512)

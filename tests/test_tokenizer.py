@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from b2b.text import detokenize, split_sentences
+from b2b.text import detokenize, glued_words, split_sentences
 from b2b.tokenizer import BatchEncoding, Tokenizer, TokenizerError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -218,6 +218,42 @@ def test_decode_skips_unknown_tokens(tok: Tokenizer) -> None:
     ids = [tok.cls_id, tok.unk_id, *tok.encode("this works", add_special_tokens=False).ids, tok.unk_id, tok.sep_id]
     assert tok.decode(ids) == "This works"
     assert "[UNK]" in tok.decode(ids, skip_special_tokens=False)
+
+
+def spaced(words: list[str]) -> str:
+    """The words written out with a space before each one `glued_words` does not glue."""
+    return "".join(w if g else " " + w for w, g in zip(words, glued_words(words)))
+
+
+@pytest.mark.parametrize(
+    "words, written",
+    [
+        ("we don ' t know cayman ' s father , they ' re sure", "we don't know cayman's father, they're sure"),
+        ("he did n't go , i 'm sure", "he didn't go, i'm sure"),
+        ('he called it " the forgotten floor . " here', 'he called it "the forgotten floor." here'),
+        ("it was ' hers ' and the players ' union said ' no ' .", "it was 'hers' and the players' union said 'no'."),
+        ("( cnn ) -- it costs $ 5 ( 10 % ) ; a well - known 1 , 000 km road",
+         "(cnn) -- it costs $5 (10%); a well-known 1,000 km road"),
+        ("the u . s . army met o ' brien at 10 : 30 ...", "the u.s. army met o'brien at 10:30..."),
+        # Rewritten or dropped words are glued: `` ` ` `` and ' ' become one ", a.m. . loses a period.
+        ("` ` big ' ' ideas at 10 a . m . .", "``big'' ideas at 10 a.m.."),
+    ],
+)
+def test_glued_words(words: str, written: str) -> None:
+    assert glued_words(words.split())[0] is True
+    assert spaced(words.split()) == written
+
+
+def test_glued_words_space_as_detokenize_does() -> None:
+    lines = [line for row in ptb_rows() for line in [*row["highlights"], *split_sentences(row["article"])]]
+    checked = 0
+    for line in lines:
+        words = ['"' if w in ("``", "''") else w for w in line.split()]  # the clean-up writes these as "
+        written = detokenize(line).lower()
+        if written.replace(" ", "") == "".join(words):  # not where it drops a period (`inc. .`)
+            assert spaced(words) == written, line
+            checked += 1
+    assert checked > 0.95 * len(lines)
 
 
 def test_detokenize_keeps_quoted_questions_lowercase() -> None:
