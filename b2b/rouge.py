@@ -8,6 +8,7 @@ Both sides go through `detokenize` first: the CNN/DM references here are PTB-tok
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -65,8 +66,15 @@ def rouge_scores(predictions: list[str], references: list[str | list[str]]) -> R
 
 @functools.lru_cache(maxsize=1)
 def _scorer() -> rouge_scorer.RougeScorer:
-    """One scorer per process (building one logs a line and loads the stemmer)."""
-    return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    """One scorer per process (building one loads the stemmer). rouge_score logs "Using default
+    tokenizer." at INFO through absl; under a progress bar that line only breaks the bar."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(max(level, logging.WARNING))
+    try:
+        return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    finally:
+        absl.setLevel(level)
 
 
 def lead3(article: str, n: int = 3) -> str:

@@ -43,17 +43,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         # A bool flag takes true/false as text (decoding_kwargs reads it): bool("false") is True.
         kind = str if isinstance(default, bool) else type(default)
         dec.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=f"default {default}")
+    dec.add_argument("--max-source-length", type=int, default=0, metavar="N",
+                     help="source tokens read (default 0: the length the checkpoint was trained on)")
     return p.parse_args(argv)
 
 
 def decoding_from(a: argparse.Namespace) -> dict:
-    return decoding_kwargs(*(getattr(a, name) for name in DECODING_FIELDS))
+    """summarize()'s keyword arguments: the decoding settings, and the source length when given."""
+    decoding = decoding_kwargs(*(getattr(a, name) for name in DECODING_FIELDS))
+    if a.max_source_length < 0:
+        raise BadInput(f"--max-source-length cannot be negative, got {a.max_source_length}.")
+    if a.max_source_length:
+        decoding["max_source_length"] = a.max_source_length
+    return decoding
 
 
 def summarize_one(served: Served, text: str, decoding: dict, out=None, err=None) -> str:
     """Print the summary (stdout) and its statistics (stderr); return the summary."""
     out, err = out or sys.stdout, err or sys.stderr
-    reads = served.model.source_limit  # the source length it was trained on, else all positions
+    asked = decoding.get("max_source_length")  # summarize() caps it at the position table
+    reads = min(asked, served.model.config.max_positions) if asked else served.model.source_limit
     text, read = readable_text(text, reads)  # past `read` the model reads nothing
     r = summarize(served.model, served.tokenizer, read, **decoding)
     print(r.text or "(empty summary)", file=out, flush=True)

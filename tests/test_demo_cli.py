@@ -31,6 +31,14 @@ def test_text_and_file_one_shot(ckpt, tmp_path, capsys):
     assert cli.main(["--checkpoint", ckpt, "--file", str(f), *FAST]) == 0
 
 
+def test_max_source_length_sets_what_is_read(ckpt, capsys):
+    words = " ".join(f"word{i}" for i in range(60))
+    assert cli.main(["--checkpoint", ckpt, "--text", words, "--max-source-length", "16", *FAST]) == 0
+    assert "truncated to 16;" in capsys.readouterr().err
+    assert cli.main(["--checkpoint", ckpt, "--text", words, "--max-source-length", "-1", *FAST]) == 2
+    assert "--max-source-length cannot be negative" in capsys.readouterr().err
+
+
 def test_errors_are_one_line_and_exit_2(ckpt, tmp_path, capsys):
     assert cli.main(["--checkpoint", ckpt, "--text", "  ", *FAST]) == 2
     assert capsys.readouterr().err.startswith("error: There is no text")

@@ -91,3 +91,29 @@ def test_the_default_source_length_is_the_checkpoints_and_the_report_names_it(tm
         out = tmp_path / f"r{expected}.json"
         assert evaluate.main(["--checkpoint", ckpt, "--data", path, "--limit", "2", "--max-length", "4", "--out", str(out), *extra]) == 0
         assert json.loads(out.read_text())["settings"]["max_source_length"] == expected
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--num-beams", "0"], "num_beams must be at least 1"),
+    (["--min-length", "9", "--max-length", "4"], "must be at least min_length"),
+])
+def test_bad_settings_fail_before_the_checkpoint_is_loaded(tmp_path, extra, message, caplog, monkeypatch):
+    def no_loading(*_):
+        raise AssertionError("the checkpoint was loaded before the settings were checked")
+
+    monkeypatch.setattr(evaluate, "load_for_decoding", no_loading)
+    args = ["--checkpoint", str(tmp_path), "--data", str(FIXTURES / "cnndm_sample.jsonl"), "--out", str(tmp_path / "r.json")]
+    assert evaluate.main(args + extra) == 2
+    assert message in caplog.text
+
+
+def test_report_folder_is_made_up_front_and_an_unwritable_one_is_an_error(tmp_path, tiny_checkpoint, caplog):
+    common = ["--checkpoint", tiny_checkpoint, "--data", str(FIXTURES / "cnndm_sample.jsonl"), "--limit", "2", "--max-length", "4"]
+    out = tmp_path / "new" / "folder" / "r.json"
+    assert evaluate.main(common + ["--out", str(out)]) == 0
+    assert json.loads(out.read_text())["n"] == 2
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert evaluate.main(common + ["--out", str(blocker / "r.json")]) == 2  # a folder under a file
+    assert "Cannot write the report" in caplog.text

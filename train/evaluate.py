@@ -125,16 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="b2b checkpoint folder")
     p.add_argument("--data", required=True, help="JSONL / JSONL.GZ / CSV / Parquet file, or a hub dataset name")
-    p.add_argument("--split", default="test")
-    p.add_argument("--article-field", default="article")
-    p.add_argument("--summary-field", default="highlights")
+    p.add_argument("--split", default="test", help="the split of a hub dataset (default: test; local files have none)")
+    p.add_argument("--article-field", default="article", help="the article's field or column (default: article)")
+    p.add_argument("--summary-field", default="highlights", help="the reference summary's field or column (default: highlights)")
     p.add_argument("--limit", type=int, default=1000, help="first N articles (0: all)")
     p.add_argument("--skip", type=int, default=0, help="start after the first N articles (e.g. --skip 1000 --limit 1000: articles 1,001-2,000)")
-    p.add_argument("--num-beams", type=int, default=1)
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--min-length", type=int, default=0)
-    p.add_argument("--length-penalty", type=float, default=1.0)
-    p.add_argument("--no-repeat-ngram-size", type=int, default=3)
+    p.add_argument("--num-beams", type=int, default=1, help="1: greedy (default); more: beam search")
+    p.add_argument("--max-length", type=int, default=128, help="most summary tokens (default: 128)")
+    p.add_argument("--min-length", type=int, default=0, help="fewest summary tokens (default: 0)")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="beam scores are divided by length ** this (default: 1)")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=3, help="no n-gram of this size twice (default: 3; 0: off)")
     p.add_argument("--coverage-penalty", type=float, default=DecodingConfig.coverage_penalty,
                    help="beam search, pointer models: charge copy attention spent past 1 on a source position (0: off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="as transformers' generate; 1: off")
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="let a word written over several WordPieces spell what the source does not (\"maysled\" for \"maysles\"); banned by default")
     p.add_argument("--max-source-length", type=int, default=0,
                    help="source tokens read (0: the length the checkpoint was trained on, from its decoding.json, else all its positions)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="articles decoded together (default: 8)")
     p.add_argument("--out", default="", help="write the report as JSON here (and per-example CSV beside it); default: eval_<data>_first<N>_beam<K>.json in the checkpoint folder")
     a = p.parse_args(argv)
     try:
@@ -151,6 +151,18 @@ def main(argv: list[str] | None = None) -> int:
 
         if a.skip < 0 or a.limit < 0:
             raise ValueError(f"--skip and --limit cannot be negative (got {a.skip} and {a.limit}).")
+        if a.batch_size < 1:
+            raise ValueError(f"--batch-size must be at least 1, got {a.batch_size}.")
+        decoding = dict(
+            num_beams=a.num_beams, max_length=a.max_length, min_length=a.min_length,
+            length_penalty=a.length_penalty, no_repeat_ngram_size=a.no_repeat_ngram_size,
+            repetition_penalty=a.repetition_penalty, coverage_penalty=a.coverage_penalty, no_repeat_word=not a.allow_word_repeats,
+            source_spelling=not a.free_spelling,
+        )
+        DecodingConfig.from_kwargs(**decoding)  # a bad setting is an error now, not after loading
+        if a.out:
+            _check_writable(a.out)
+        out = a.out or _default_report_path(a.checkpoint, a.data, a.limit, a.num_beams, a.skip)  # in the checkpoint folder
         model, tokenizer = load_for_decoding(a.checkpoint)
         data = load_summarization_pairs(a.data, a.article_field, a.summary_field, split=a.split, limit=(a.skip + a.limit) or None)
         if a.skip:
@@ -160,11 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         bar = tqdm(total=len(data), desc="summarizing", dynamic_ncols=True)
         report = evaluate_rouge(
             model, tokenizer, data.articles, data.summaries, a.batch_size,
-            progress=lambda done, total: bar.update(done - bar.n),
-            num_beams=a.num_beams, max_length=a.max_length, min_length=a.min_length,
-            length_penalty=a.length_penalty, no_repeat_ngram_size=a.no_repeat_ngram_size,
-            repetition_penalty=a.repetition_penalty, coverage_penalty=a.coverage_penalty, no_repeat_word=not a.allow_word_repeats,
-            source_spelling=not a.free_spelling,
+            progress=lambda done, total: bar.update(done - bar.n), **decoding,
             max_source_length=a.max_source_length or model.source_limit,  # the report names the length used
         )
         bar.close()
@@ -173,16 +181,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report.settings.update(checkpoint=os.path.abspath(a.checkpoint), data=a.data, limit=a.limit, skip=a.skip)
     print(report.table())
-    out = a.out or _default_report_path(a.checkpoint, a.data, a.limit, a.num_beams, a.skip)
+    rc = 0
     try:
         with open(out, "w") as f:
             json.dump(report.to_dict(), f, indent=2)
         report.write_csv(os.path.splitext(out)[0] + ".csv")
         print(f"wrote {out}")
     except OSError as e:
-        log.warning("Could not write the report to %s: %s", out, e)
-    print(json.dumps(report.to_dict()))
-    return 0
+        log.error("Could not write the report to %s: %s", out, e)
+        rc = 1
+    print(json.dumps(report.to_dict()))  # the scores reach the screen even when the file could not be written
+    return rc
+
+
+def _check_writable(out: str) -> None:
+    """Make the report's folder, so a typo in --out fails before a long run, not after it."""
+    folder = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"Cannot write the report to {out}: {e.strerror or e}.") from e
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"Cannot write the report to {out}: the folder {folder} is not writable.")
 
 
 if __name__ == "__main__":
