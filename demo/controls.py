@@ -1,6 +1,7 @@
 """Decoding controls shared by the Summarize and ROUGE tabs."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import gradio as gr
@@ -11,7 +12,10 @@ from .validate import DECODING_FIELDS, EVAL_DEFAULTS, MAX_BEAMS, MAX_NEW_TOKENS,
 # went to four lines at Gradio's default 160): narrow columns put two knobs a row instead.
 WIDE = 240
 
-__all__ = ["DecodingControls", "EVAL_DEFAULTS", "SUMMARIZE_DEFAULTS", "build_decoding_controls", "busy", "idle", "wire_stoppable"]
+__all__ = [
+    "DecodingControls", "EVAL_DEFAULTS", "SUMMARIZE_DEFAULTS", "StopFlag", "build_decoding_controls", "busy", "idle",
+    "request_stop", "wire_stoppable",
+]
 
 
 @dataclass
@@ -117,15 +121,39 @@ def idle() -> tuple:
     return gr.update(interactive=True), gr.update(interactive=False)
 
 
-def wire_stoppable(button: gr.Button, stop: gr.Button, started, cleared: list, work: dict, stopped, stop_inputs, stop_outputs: list):
-    """`button` runs `started()` at once (values for `cleared`, then `busy()`: the last results
-    go before new work starts), then the queued `work` (`.then` keyword arguments); `stop`
-    cancels it and runs `stopped(*stop_inputs)` (values for `stop_outputs`, then `idle()`).
+class StopFlag(threading.Event):
+    """A session's Stop button: the click sets it, the running handler reads it between two
+    steps and ends with what it has, the next run clears it. Held in a gr.State, which copies
+    its value for each session: the copy is a fresh flag, so one user's Stop never stops
+    another user's run."""
+
+    def __deepcopy__(self, memo: dict) -> StopFlag:
+        return StopFlag()
+
+
+def request_stop(flag: StopFlag) -> dict:
+    """Stop's click: ask the running work to end after its current step. Stop greys out; the
+    run button comes back once the work has ended."""
+    flag.set()
+    return gr.update(interactive=False)
+
+
+def wire_stoppable(button: gr.Button, stop: gr.Button, flag: gr.State, started, cleared: list, work: dict):
+    """`button` clears `flag` and runs `started()` at once (values for `cleared`, then `busy()`:
+    the last results go before new work starts), then the queued `work` (`.then` keyword
+    arguments), whose inputs hold `flag`; `stop` sets it, and the work ends itself with its
+    final outputs. Not Gradio's `cancels=`: Gradio 6.31's page races the cancelled stream
+    and shows an "Error" badge over the outputs, sometimes with a stale update on top.
     The buttons come back however the work ends. Returns the work's event."""
-    event = button.click(started, None, [*cleared, button, stop], **QUICK).then(**work)
+
+    def start(f: StopFlag) -> tuple:
+        f.clear()
+        return started()
+
+    event = button.click(start, flag, [*cleared, button, stop], **QUICK).then(**work)
     # Gradio 6.31's page runs `.then` listeners after success only, `.failure` ones after an
     # error: both, so the buttons come back whichever way the work ends.
     event.then(idle, None, [button, stop], **QUICK)
     event.failure(idle, None, [button, stop], **QUICK)
-    stop.click(stopped, stop_inputs, [*stop_outputs, button, stop], cancels=[event], **QUICK)
+    stop.click(request_stop, flag, stop, **QUICK)
     return event

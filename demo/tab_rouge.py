@@ -2,6 +2,7 @@
 uploaded JSONL/CSV, with the same code as training (`train.evaluate.evaluate_rouge`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -17,7 +18,7 @@ import pandas as pd
 from train.data import load_summarization_pairs
 from train.evaluate import EvalReport, evaluate_rouge
 
-from .controls import EVAL_DEFAULTS, build_decoding_controls, busy, idle, wire_stoppable
+from .controls import EVAL_DEFAULTS, StopFlag, build_decoding_controls, busy, wire_stoppable
 from .data import SAMPLE_SET, SAMPLE_SIZE
 from .errors import ui_errors
 from .figures import ROUGE_NAMES, empty_figure, rouge_bars
@@ -103,9 +104,9 @@ def eval_steps(
     stop: threading.Event | None = None,
 ) -> Iterator[tuple[int, int] | EvalOutput]:
     """`run_eval` step by step: (articles done, total) about every POLL_SECONDS while the model
-    works, then the EvalOutput. Closing the generator early (Gradio does on Stop, or when the
-    page goes away) sets `stop`, and the evaluation ends after the batch in progress, so the
-    worker is free for the next request rather than busy with minutes of unwanted batches."""
+    works, then the EvalOutput. Closing the generator early (on Stop, or when the page goes
+    away) sets `stop`, and the evaluation ends after the batch in progress, so the worker is
+    free for the next request rather than busy with minutes of unwanted batches."""
     stop = stop or threading.Event()
     kw = decoding_kwargs(*decoding)
     n = int(n or 0)
@@ -169,6 +170,23 @@ def run_eval(*args, **kwargs) -> EvalOutput:
     return out
 
 
+def evaluate_stream(store: CheckpointStore, stop: threading.Event, *args, **kwargs) -> Iterator[tuple]:
+    """Handler: (summary, plot, table, CSV) as `eval_steps(store, *args, **kwargs)` goes: its
+    progress in the summary, then the results. Once `stop` is set (the Stop button) the
+    stopped outputs within POLL_SECONDS; the evaluation ends after the batch in progress."""
+    shown = None
+    with contextlib.closing(eval_steps(store, *args, **kwargs)) as steps:
+        for out in steps:
+            if isinstance(out, EvalOutput):
+                yield out.summary, out.figure, out.table, out.csv_path
+            elif stop.is_set():
+                yield stopped()
+                return
+            elif out != shown:  # once a generator yields, Gradio shows no progress bar: say it here
+                shown = out
+                yield f"Summarizing… {out[0]} of {_articles(out[1])} done.", gr.skip(), gr.skip(), gr.skip()
+
+
 def _no_rows() -> pd.DataFrame:
     """The per-example table with its headers and no rows (None would show "1 2 3")."""
     return pd.DataFrame(columns=TABLE_HEADERS)
@@ -181,8 +199,8 @@ def started() -> tuple:
 
 
 def stopped() -> tuple:
-    """(summary, plot, table, CSV, Evaluate, Stop) after Stop: no partial scores."""
-    return STOPPED, empty_figure("ROUGE", "Stopped: no scores."), _no_rows(), None, *idle()
+    """(summary, plot, table, CSV) after Stop: no partial scores."""
+    return STOPPED, empty_figure("ROUGE", "Stopped: no scores."), _no_rows(), None
 
 
 def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
@@ -243,11 +261,13 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
             gr.Warning(missing_fields_sentence(os.path.basename(path), fields), title="Which fields?")
         return gr.update(choices=fields, value=article), gr.update(choices=fields, value=reference), gr.skip()
 
+    stop_flag = gr.State(StopFlag())
+
     # Gradio hands gr.Progress only to a positional parameter: the decoding values are spelled out.
-    # A generator, so that Stop can close it (Gradio cannot stop a plain function once it runs).
+    # A generator: it reports progress, and sees a Stop within POLL_SECONDS.
     @ui_errors("evaluating")
     def on_evaluate(
-        source_v, upload_v, article_v, reference_v, n_v, batch_v,
+        flag, source_v, upload_v, article_v, reference_v, n_v, batch_v,
         strategy, num_beams, length_penalty, no_repeat_ngram_size, min_length, max_length,
         temperature, top_k, top_p, seed, repetition_penalty, no_repeat_word, coverage_penalty, source_spelling,
         progress=gr.Progress(),  # noqa: B008 - gradio's idiom
@@ -256,15 +276,7 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
             strategy, num_beams, length_penalty, no_repeat_ngram_size, min_length, max_length, temperature, top_k, top_p, seed,
             repetition_penalty, no_repeat_word, coverage_penalty, source_spelling,
         ]
-        shown = None
-        for out in eval_steps(store, source_v, upload_v, article_v, reference_v, n_v, batch_v, decoding, progress):
-            if isinstance(out, EvalOutput):
-                yield out.summary, out.figure, out.table, out.csv_path
-            elif out != shown:  # once a generator yields, Gradio shows no progress bar: say it here
-                shown = out
-                yield f"Summarizing… {out[0]} of {_articles(out[1])} done.", gr.skip(), gr.skip(), gr.skip()
-            else:  # nothing new, but Stop can only close the generator while it is paused at a yield
-                yield (gr.skip(),) * 4
+        yield from evaluate_stream(store, flag, source_v, upload_v, article_v, reference_v, n_v, batch_v, decoding, progress)
 
     source.change(on_source, source, [upload, article_field, reference_field, n], queue=False, api_visibility="private")
     upload.upload(
@@ -272,9 +284,8 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> None:
     )
     results = [summary, plot, table, csv_file]
     wire_stoppable(
-        button, stop, started, results,
-        dict(fn=on_evaluate, inputs=[source, upload, article_field, reference_field, n, batch_size, *controls.inputs],
+        button, stop, stop_flag, started, results,
+        dict(fn=on_evaluate, inputs=[stop_flag, source, upload, article_field, reference_field, n, batch_size, *controls.inputs],
              outputs=results, concurrency_limit=concurrency, concurrency_id="model", api_visibility="private",
              show_progress_on=[summary]),  # the progress bar (and an error) on the results, not on every output
-        stopped, None, results,
     )

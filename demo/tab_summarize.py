@@ -1,6 +1,8 @@
 """Summarize tab: paste or upload text, pick decoding settings, watch the summary stream in."""
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -9,7 +11,7 @@ import gradio as gr
 
 from b2b import SummaryResult, stream_summarize, summarize
 
-from .controls import SUMMARIZE_DEFAULTS, DecodingControls, build_decoding_controls, busy, idle, wire_stoppable
+from .controls import SUMMARIZE_DEFAULTS, DecodingControls, StopFlag, build_decoding_controls, busy, wire_stoppable
 from .data import example_label, load_examples
 from .errors import ui_errors
 from .store import CheckpointStore, Served
@@ -49,31 +51,37 @@ def _prepare(store: CheckpointStore, text: object, decoding: tuple) -> tuple[Ser
     return served, clip_text(read, served.model.source_limit), kw
 
 
-def summarize_stream(store: CheckpointStore, text: str, *decoding) -> Iterator[tuple]:
+def summarize_stream(store: CheckpointStore, text: str, *decoding, stop: threading.Event | None = None) -> Iterator[tuple]:
     """Handler: yields (summary so far, stats, attention-tab state); the state is only set at
-    the end (gr.skip() before), so the Attention tab follows finished summaries."""
+    the end (gr.skip() before), so the Attention tab follows finished summaries. Once `stop` is
+    set (the Stop button) it ends after the step in progress, with the summary so far."""
     served, read, kw = _prepare(store, text, decoding)
     yield "", "Generating…", gr.skip()
     last = 0.0
-    for chunk in store.worker.iterate(lambda: stream_summarize(served.model, served.tokenizer, read, **kw)):
-        r = chunk.result
-        if r is None:
-            now = time.perf_counter()
-            if now - last >= STREAM_INTERVAL:
-                last = now
-                yield chunk.text, f"Generating… {len(chunk.token_ids)} tokens", gr.skip()
-            continue
-        state = {
-            "text": read,
-            "summary": r.text,
-            "summary_ids": list(r.token_ids),
-            "ended": r.finish_reason == "eos",
-            "checkpoint": served.path,
-            "model": served.identity,  # the Attention tab must use these weights, not a newer swap
-            "headline": served.headline(),
-        }
-        summary = r.text if r.text.strip() else "(the model produced an empty summary)"
-        yield summary, stats_markdown(r, served.model.source_limit, len(text), len(read)), state
+    steps = store.worker.iterate(lambda: stream_summarize(served.model, served.tokenizer, read, **kw))
+    with contextlib.closing(steps):  # on a stop too: the worker drops the search at once
+        for chunk in steps:
+            r = chunk.result
+            if r is None and stop is not None and stop.is_set():
+                yield chunk.text, stopped_note(chunk.text), gr.skip()
+                return
+            if r is None:
+                now = time.perf_counter()
+                if now - last >= STREAM_INTERVAL:
+                    last = now
+                    yield chunk.text, f"Generating… {len(chunk.token_ids)} tokens", gr.skip()
+                continue
+            state = {
+                "text": read,
+                "summary": r.text,
+                "summary_ids": list(r.token_ids),
+                "ended": r.finish_reason == "eos",
+                "checkpoint": served.path,
+                "model": served.identity,  # the Attention tab must use these weights, not a newer swap
+                "headline": served.headline(),
+            }
+            summary = r.text if r.text.strip() else "(the model produced an empty summary)"
+            yield summary, stats_markdown(r, served.model.source_limit, len(text), len(read)), state
 
 
 def summarize_text(store: CheckpointStore, text: str, *decoding) -> str:
@@ -93,13 +101,11 @@ def started() -> tuple:
     return "", "", *busy()
 
 
-def stopped(summary: str | None) -> tuple:
-    """(stats, Summarize, Stop) after Stop: what is in the box is unfinished, and says so."""
+def stopped_note(summary: str | None) -> str:
+    """The stats line after Stop: what is in the box is unfinished, and says so."""
     if summary and summary.strip():
-        note = "**Stopped:** the summary above is unfinished (what the model had written when you pressed Stop)."
-    else:
-        note = "**Stopped** before the model wrote anything."
-    return (note, *idle())
+        return "**Stopped:** the summary above is unfinished (what the model had written when you pressed Stop)."
+    return "**Stopped** before the model wrote anything."
 
 
 @dataclass
@@ -142,9 +148,11 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> SummarizeTab:
         )
     last = gr.State(None)
 
+    stop_flag = gr.State(StopFlag())
+
     @ui_errors("summarizing")
-    def on_summarize(text, *decoding):
-        yield from summarize_stream(store, text, *decoding)
+    def on_summarize(flag, text, *decoding):
+        yield from summarize_stream(store, text, *decoding, stop=flag)
 
     @ui_errors("reading the file")
     def on_upload(path):
@@ -156,13 +164,10 @@ def build(store: CheckpointStore, concurrency: int | None = 2) -> SummarizeTab:
             gr.Warning(str(e), title="File not loaded")
             return gr.skip(), None
 
-    # Cancelling closes the streaming generator: the model worker closes the decoding loop at
-    # its next step, so the next request starts at once.
     wire_stoppable(
-        button, stop, started, [summary, stats],
-        dict(fn=on_summarize, inputs=[text, *controls.inputs], outputs=[summary, stats, last],
+        button, stop, stop_flag, started, [summary, stats],
+        dict(fn=on_summarize, inputs=[stop_flag, text, *controls.inputs], outputs=[summary, stats, last],
              concurrency_limit=concurrency, concurrency_id="model", api_visibility="private"),
-        stopped, summary, [stats],
     )
     upload.upload(on_upload, upload, [text, upload], api_visibility="private", show_progress="hidden")
     clear.click(lambda: ("", None, "", ""), None, [text, upload, summary, stats], queue=False, api_visibility="private")

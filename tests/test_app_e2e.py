@@ -25,9 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_tiny_checkpoint(root: Path, step: int) -> str:
+def write_tiny_checkpoint(root: Path, step: int, **config) -> str:
+    """A tiny model's checkpoint (B2BConfig overrides in `config`) at `step` of run `root/run`."""
     path = root / "run" / "checkpoints" / f"step_{step:07d}"
-    model = Bert2Bert(B2BConfig.preset("tiny"))
+    model = Bert2Bert(B2BConfig.preset("tiny", **config))
     save_checkpoint(model, Tokenizer.default(), str(path), extra={"trainer_state.json": {"step": step}})
     return str(path)
 

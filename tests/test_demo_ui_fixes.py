@@ -1,18 +1,23 @@
 """Fixes from a user review of the app: the Attention tab's number boxes redraw as they are
 typed and move an out-of-range number into range with one sentence; a new request clears the
-last one's results; Summarize and ROUGE have a Stop button that really stops the work; the copy
-attention view is labelled as one distribution. Through the handlers and the Blocks' wiring."""
+last one's results; Summarize and ROUGE have a Stop button that really stops the work and keeps
+what it wrote, with no "Error" badge; the copy attention view is labelled as one distribution.
+Through the handlers and the Blocks' wiring."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
 import threading
 import warnings
 
 import gradio as gr
 import pytest
+from gradio.state_holder import SessionState
 
 from b2b import B2BConfig, Bert2Bert, Tokenizer, save_checkpoint
 from demo import tab_attention, tab_rouge, tab_summarize
+from demo.controls import StopFlag
 from demo.store import CheckpointStore
 from demo.ui import build_app
 from demo.validate import EVAL_DEFAULTS, SUMMARIZE_DEFAULTS
@@ -158,7 +163,7 @@ def test_summarize_clears_the_last_summary_before_it_runs(blocks):
     summary, stats = component(blocks, "summary"), component(blocks, "summary-stats")
     start, work = _start_and_work(blocks, component(blocks, "summarize-btn"))
     assert start.queue is False and {summary, stats} <= set(start.outputs)
-    values = dict(zip(start.outputs, start.fn()))
+    values = dict(zip(start.outputs, start.fn(StopFlag())))
     assert values[summary] == "" and values[stats] == ""
     assert summary in work.outputs and work.types_generator
 
@@ -167,7 +172,7 @@ def test_rouge_clears_the_last_scores_before_it_runs(blocks):
     results = [component(blocks, "rouge-summary"), component(blocks, "rouge-table")]
     start, work = _start_and_work(blocks, component(blocks, "rouge-btn"))
     assert start.queue is False and set(results) <= set(start.outputs)
-    values = dict(zip(start.outputs, start.fn()))
+    values = dict(zip(start.outputs, start.fn(StopFlag())))
     assert values[results[0]] == "" and values[results[1]].empty  # headers, no rows
 
 
@@ -175,14 +180,22 @@ def test_rouge_clears_the_last_scores_before_it_runs(blocks):
 
 
 @pytest.mark.parametrize("button_id, stop_id", [("summarize-btn", "summarize-stop"), ("rouge-btn", "rouge-stop")])
-def test_stop_cancels_the_work_and_gives_the_buttons_back(blocks, button_id, stop_id):
+def test_stop_asks_the_work_to_end_and_gives_the_buttons_back(blocks, button_id, stop_id):
     button, stop = component(blocks, button_id), component(blocks, stop_id)
     assert stop.interactive is False  # nothing to stop yet
-    _, work = _start_and_work(blocks, button)
-    # Gradio stops a running generator between two yields, never a plain function mid-call.
-    assert work.types_generator
-    on_stop = listeners(blocks, stop, "click")
-    assert any(index_of(blocks, work) in fn.cancels for fn in on_stop)
+    start, work = _start_and_work(blocks, button)
+    assert work.types_generator  # it checks the flag between two steps
+    # Not Gradio's cancel, which showed an "Error" badge over what the work had written: Stop
+    # sets the flag the work reads, and the work ends itself with its final outputs.
+    (on_stop,) = listeners(blocks, stop, "click")
+    assert on_stop.cancels == [] and on_stop.queue is False
+    (flag,) = on_stop.inputs
+    assert isinstance(flag, gr.State) and start.inputs == [flag] and flag in work.inputs
+    assert on_stop.outputs == [stop]  # the results are the work's to write
+    value = StopFlag()
+    assert on_stop.fn(value)["interactive"] is False and value.is_set()
+    start.fn(value)  # the next run starts unstopped
+    assert not value.is_set()
     # The buttons come back whichever way the work ends (Gradio 6.31 runs `.then` after
     # success only, `.failure` after an error).
     after = [fn for fn in blocks.fns.values() if fn.trigger_after == index_of(blocks, work)]
@@ -190,14 +203,36 @@ def test_stop_cancels_the_work_and_gives_the_buttons_back(blocks, button_id, sto
     assert all({button, stop} <= set(fn.outputs) for fn in after)
 
 
+@pytest.mark.parametrize("stop_id", ["summarize-stop", "rouge-stop"])
+def test_one_users_stop_does_not_stop_another_users_run(blocks, stop_id):
+    (on_stop,) = listeners(blocks, component(blocks, stop_id), "click")
+    (flag,) = on_stop.inputs
+    mine, theirs = SessionState(blocks)[flag._id], SessionState(blocks)[flag._id]  # two sessions
+    assert isinstance(mine, StopFlag) and mine is not theirs
+    on_stop.fn(mine)
+    assert mine.is_set() and not theirs.is_set()
+    assert not copy.deepcopy(mine).is_set()
+
+
 def test_stopped_summary_and_rouge_say_so():
-    note, button, stop = tab_summarize.stopped("The council voted to")
+    note = tab_summarize.stopped_note("The council voted to")
     assert "Stopped" in note and "unfinished" in note
-    assert button["interactive"] is True and stop["interactive"] is False
-    assert "before the model wrote anything" in tab_summarize.stopped("")[0]
-    summary, _, table, csv_path, *_ = tab_rouge.stopped()
+    assert "before the model wrote anything" in tab_summarize.stopped_note("")
+    summary, _, table, csv_path = tab_rouge.stopped()
     assert "Stopped" in summary and "no scores" in summary and csv_path is None
     assert table.empty and list(table.columns)[:3] == ["article (start)", "reference", "generated"]
+
+
+def test_a_stopped_summary_keeps_what_the_search_wrote(store):
+    long = [dict(FAST, min_length=40, max_length=60)[k] for k in SUMMARIZE_DEFAULTS]
+    stop = threading.Event()
+    stream = tab_summarize.summarize_stream(store, ARTICLE, *long, stop=stop)
+    assert next(stream)[1] == "Generating…"
+    assert next(stream)[1].startswith("Generating… ")  # the first tokens
+    stop.set()  # pressed while the search runs
+    (summary, stats, state), *rest = list(stream)  # after the step in progress
+    assert rest == [] and summary.strip() and "unfinished" in stats
+    assert state == gr.skip()  # the Attention tab keeps following finished summaries
 
 
 def test_a_closed_summary_stream_frees_the_worker_for_the_next(tmp_path, store):
@@ -226,26 +261,46 @@ def test_a_stopped_evaluation_ends_after_the_batch_in_progress(store):
     assert seen == [(0, 4)]  # no progress past the first batch
 
 
-def test_closing_the_evaluation_stops_it_and_frees_the_worker(store):
-    """Stop closes the handler's generator: the queued evaluation is dropped and the worker
-    serves the next request rather than minutes of unwanted batches."""
+@contextlib.contextmanager
+def busy_worker(store):
+    """A store whose model worker is busy until the block ends, so that what the block queues
+    waits; after it, the worker must be free for the next request."""
     worker = ModelWorker()
     threaded = CheckpointStore(store.watch_root, fallback=None, settle_seconds=0.0, worker=worker)
     gate = threading.Event()
     try:
         threaded.refresh()
-        busy = worker.submit(gate.wait, 10)  # the evaluation queues behind this
-        stop = threading.Event()
-        steps = tab_rouge.eval_steps(threaded, tab_rouge.SAMPLE, None, "article", "highlights", 50, 1, GREEDY, stop=stop)
-        assert next(steps) == (0, 50)
-        steps.close()
-        assert stop.is_set()
+        busy = worker.submit(gate.wait, 10)
+        yield threaded
         gate.set()
         busy.result(timeout=10)
         assert worker.submit(lambda: "free", background=True).result(timeout=10) == "free"
     finally:
         gate.set()
         worker.close()
+
+
+def test_closing_the_evaluation_stops_it_and_frees_the_worker(store):
+    """Closing the steps (Stop, or a page that went away): the queued evaluation is dropped
+    and the worker serves the next request rather than minutes of unwanted batches."""
+    with busy_worker(store) as threaded:
+        stop = threading.Event()
+        steps = tab_rouge.eval_steps(threaded, tab_rouge.SAMPLE, None, "article", "highlights", 50, 1, GREEDY, stop=stop)
+        assert next(steps) == (0, 50)
+        steps.close()
+        assert stop.is_set()
+
+
+def test_a_stopped_evaluation_says_so_and_frees_the_worker(store):
+    """The handler shows the stopped outputs at its next look at the flag (within POLL_SECONDS)
+    and drops the evaluation, without waiting for the batch in progress."""
+    with busy_worker(store) as threaded:
+        stop = StopFlag()
+        stream = tab_rouge.evaluate_stream(threaded, stop, tab_rouge.SAMPLE, None, "article", "highlights", 50, 1, GREEDY)
+        assert next(stream)[0] == "Summarizing… 0 of 50 articles done."
+        stop.set()
+        (summary, _, table, csv_path), *rest = list(stream)
+        assert rest == [] and summary == tab_rouge.STOPPED and table.empty and csv_path is None
 
 
 def test_the_rouge_handler_is_a_generator_so_stop_can_close_it(blocks):
