@@ -30,10 +30,18 @@ enum {
 /* dims: C, H, D, F, V, L (layers), capacity (cache positions). */
 enum { DIM_C, DIM_H, DIM_D, DIM_F, DIM_V, DIM_L, DIM_CAP, DIMS };
 
-/* Threads for a parallel loop: OMP_NUM_THREADS or the cores, at most 8 (a step's products are
- * memory-bound and small: more threads add more synchronisation than bandwidth). */
+/* Threads for a parallel loop: b2b_step_set_threads's number, else OMP_NUM_THREADS or the cores,
+ * at most 8 (a step's products are memory-bound and small: more threads add more
+ * synchronisation than bandwidth). A step has a few parallel loops per layer; each ends in a
+ * barrier, so a team thread that another process's work keeps off its core stalls the whole
+ * step for a scheduler time slice: beside one busy process on 2 cores a step took ~2.5x as long
+ * with 2 threads as with 1 (cpu_step.py picks the number from how busy the cores are). */
+static int step_threads = 0; /* set between steps, from the thread that runs them */
+
+void b2b_step_set_threads(int n) { step_threads = n < 0 ? 0 : n; }
+
 static int threads(void) {
-    int n = omp_get_max_threads();
+    int n = step_threads > 0 ? step_threads : omp_get_max_threads();
     return n < 8 ? n : 8;
 }
 

@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import native
+from .cpu_load import CoreLoad
 from .model import Bert2Bert
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ HEADERS = (os.path.join(os.path.dirname(SOURCE), "cpu_vec.h"),)
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
 _F32P = ctypes.POINTER(ctypes.c_float)
 _OFF = ("0", "false", "no", "off")
+_load = CoreLoad()
 
 
 @lru_cache(maxsize=1)
@@ -53,6 +55,7 @@ def _library() -> ctypes.CDLL | None:
         lib.b2b_half_supported.restype = ctypes.c_int
         lib.b2b_to_half.argtypes = [_F32P, ctypes.c_void_p, ctypes.c_long]
         lib.b2b_to_half.restype = ctypes.c_int
+        lib.b2b_step_set_threads.argtypes = [ctypes.c_int]
         return lib
     except (OSError, AttributeError) as e:
         log.debug("C decoding step not used: %s", e)
@@ -204,6 +207,7 @@ class CpuStepper:
                                        len(cross), capacity)
         self.eps = c.layer_norm_eps
         self.position = 0
+        self.lib.b2b_step_set_threads(_load.threads())  # for this decoding: the cores others leave free
 
     def __call__(self, tokens: mx.array, reorder: mx.array | None = None,
                  states: np.ndarray | None = None) -> np.ndarray:

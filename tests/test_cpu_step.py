@@ -159,3 +159,16 @@ def test_float16_copies_can_be_turned_off(tiny_config, monkeypatch):
     monkeypatch.setenv("B2B_CPU_STEP_HALF", "0")
     _, in_c = _steppers(model, 1, log_probs=False, monkeypatch=monkeypatch)
     assert in_c.in_c.half_matrices == 0
+
+
+def test_one_thread_writes_what_all_threads_write(tiny_config, monkeypatch):
+    # Beside busy processes the step runs on the cores they leave free (b2b/cpu_load.py): the
+    # same summaries, whatever the number of threads.
+    model = _model(tiny_config, share=True, seed=4)
+    src, mask = _src()
+    cfg = DecodingConfig(max_length=16, num_beams=3, no_repeat_ngram_size=0)
+    got = {}
+    for n in (1, 0):
+        monkeypatch.setattr(cpu_step._load, "threads", lambda n=n: n)
+        got[n] = [h.tokens for h in generate(model, src, mask, cfg)]
+    assert got[1] == got[0]
