@@ -42,7 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default = SUMMARIZE_DEFAULTS[name]
         # A bool flag takes true/false as text (decoding_kwargs reads it): bool("false") is True.
         kind = str if isinstance(default, bool) else type(default)
-        dec.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=f"default {default}")
+        note = {bool: "true or false, ", str: ""}.get(type(default), "-1: a new one each time, " if name == "seed" else "")
+        dec.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                         help=f"{note}default {str(default).lower() if isinstance(default, bool) else default}")
     dec.add_argument("--max-source-length", type=int, default=0, metavar="N",
                      help="source tokens read (default 0: the length the checkpoint was trained on)")
     return p.parse_args(argv)
