@@ -386,3 +386,11 @@ def test_end_sentences_closes_unended_summary_lines_with_a_full_stop():
     # What the model learns to write now splits where the highlights did.
     joined = detokenize(" ".join(data.summaries[0].split("\n")))
     assert split_sentences(joined) == ['The filmmaker also did "grey gardens".', "He died at 88."]
+
+
+def test_each_trainer_names_the_other_for_the_wrong_kind_of_file():
+    # Pairs given to pretraining, plain text given to fine-tuning: a sentence, not a JSON error.
+    with pytest.raises(DataError, match="not plain text.*train.finetune"):
+        load_text_documents(os.path.join(FIXTURES, "cnndm_sample.jsonl"))
+    with pytest.raises(DataError, match="is plain text.*train.pretrain"):
+        load_summarization_pairs(os.path.join(FIXTURES, "wikitext_sample.tokens"))

@@ -238,6 +238,11 @@ def load_summarization_pairs(
             if name not in ds.column_names:
                 raise _missing_field(f"The dataset {source!r}", name, ds.column_names)
         pairs: Iterator[tuple[object, object]] = zip(ds[article_field], ds[summary_field])
+    elif path.endswith(TEXT_SUFFIXES):
+        raise DataError(
+            f"{path} is plain text ({'/'.join(TEXT_SUFFIXES)}), not article/summary pairs: give a .jsonl, .jsonl.gz, "
+            ".json, .csv or .parquet file (plain text is for MLM pretraining, train.pretrain)."
+        )
     elif path.endswith(".parquet"):
         pairs = zip(*_parquet_columns(path, fields))
     else:

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 # ` = Title = ` opens a WikiText article; ` = = Section = = ` lines stay inside it.
 _WIKI_TITLE = re.compile(r"^ ?= [^=].* = ?$")
 _WIKI_HEADING = re.compile(r"^ ?(= )+.* (= ?)+$")
+_PAIR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".csv", ".parquet")  # what train.finetune reads
 
 
 # --------------------------------------------------------------------------- plain text
@@ -59,6 +60,11 @@ def load_text_documents(
         if not files:
             raise DataError(f"The folder {source} has no {'/'.join(TEXT_SUFFIXES)} files for split {split!r}.")
     elif os.path.isfile(source):
+        if source.lower().endswith(_PAIR_SUFFIXES):
+            raise DataError(
+                f"{source} holds records (JSON/CSV/Parquet), not plain text: pretraining reads .txt, .tokens or .raw "
+                "files, one paragraph a line (article/summary pairs are for train.finetune)."
+            )
         files = [source]
     elif looks_like_path(source):
         raise DataFileNotFound(f"The text file {source} does not exist.")
