@@ -40,14 +40,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dec.add_argument("--strategy", choices=["beam", "greedy", "sampling"], default=SUMMARIZE_DEFAULTS["strategy"])
     for name in DECODING_FIELDS[1:]:
         default = SUMMARIZE_DEFAULTS[name]
-        # A bool flag takes true/false as text (decoding_kwargs reads it): bool("false") is True.
-        kind = str if isinstance(default, bool) else type(default)
+        # A bool flag takes true/false as text: bool("false") is True.
+        kind = _true_or_false if isinstance(default, bool) else type(default)
         note = {bool: "true or false, ", str: ""}.get(type(default), "-1: a new one each time, " if name == "seed" else "")
         dec.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
                          help=f"{note}default {str(default).lower() if isinstance(default, bool) else default}")
     dec.add_argument("--max-source-length", type=int, default=0, metavar="N",
                      help="source tokens read (default 0: the length the checkpoint was trained on)")
     return p.parse_args(argv)
+
+
+def _true_or_false(text: str) -> bool:
+    spelled = text.strip().lower()
+    if spelled in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        return spelled in ("true", "1", "yes", "on")
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def decoding_from(a: argparse.Namespace) -> dict:
@@ -185,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         store.refresh()
         served = store.require()
         if a.text is not None:
+            if not a.text.strip():
+                raise BadInput("--text is empty: give it the article to summarize, or use --file PATH.")
             summarize_one(served, a.text, decoding)
             return 0
         if a.file is not None:

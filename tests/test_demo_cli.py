@@ -39,9 +39,16 @@ def test_max_source_length_sets_what_is_read(ckpt, capsys):
     assert "--max-source-length cannot be negative" in capsys.readouterr().err
 
 
+def test_boolean_flags_take_true_or_false(ckpt, capsys):
+    assert cli.main(["--checkpoint", ckpt, "--text", "The river flooded.", "--no-repeat-word", "false", *FAST]) == 0
+    with pytest.raises(SystemExit):
+        cli.main(["--checkpoint", ckpt, "--text", "The river flooded.", "--source-spelling", "maybe"])
+    assert "--source-spelling: expected true or false, got 'maybe'" in capsys.readouterr().err
+
+
 def test_errors_are_one_line_and_exit_2(ckpt, tmp_path, capsys):
     assert cli.main(["--checkpoint", ckpt, "--text", "  ", *FAST]) == 2
-    assert capsys.readouterr().err.startswith("error: There is no text")
+    assert capsys.readouterr().err.startswith("error: --text is empty")
     assert cli.main(["--watch", str(tmp_path), "--fallback", "", "--text", "hello"]) == 2
     err = capsys.readouterr().err
     # The exact command, writing where this CLI looks, and the bundled fallback it also tried.
