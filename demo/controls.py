@@ -10,6 +10,8 @@ from .validate import DECODING_FIELDS, EVAL_DEFAULTS, MAX_BEAMS, MAX_NEW_TOKENS,
 
 # Pixels a knob needs beside its number box before its label wraps ("No-repeat n-gram size"
 # went to four lines at Gradio's default 160): narrow columns put two knobs a row instead.
+# The checkboxes' long help text needs as much, and a row of its own: beside the sliders they
+# got what the sliders left (one or two words a line once greedy or sampling hid three).
 WIDE = 240
 
 __all__ = [
@@ -75,16 +77,17 @@ def build_decoding_controls(defaults: dict, label: str = "Decoding settings", op
                 1.0, 2.0, value=d["repetition_penalty"], step=0.05, label="Repetition penalty",
                 info="Above 1 makes words already written less likely; 1: off.", min_width=WIDE,
             )
+        with gr.Row():
             stutter = gr.Checkbox(
                 value=d["no_repeat_word"], label="Block word stutter",
                 info='A word or short phrase may not follow itself, directly or after ",", "and", "or" '
                 'or "of" ("texas, texas", "new york and new york", "the video of the video"), nor a pair '
-                'of content words come twice in a sentence ("police say ... police say").',
+                'of content words come twice in a sentence ("police say ... police say").', min_width=WIDE,
             )
             spelling = gr.Checkbox(
                 value=d["source_spelling"], label="Spell words as the source does",
                 info='A word written in several pieces must be a word of the article, or one with -s, -ed, '
-                '-ing...: no "albert maysled" for "albert maysles", no half-written names.',
+                '-ing...: no "albert maysled" for "albert maysles", no half-written names.', min_width=WIDE,
             )
         with gr.Row():
             # No minimum/maximum on these: gradio would refuse an out-of-range value with a vague

@@ -215,6 +215,16 @@ def empty_figure(title: str, message: str) -> go.Figure:
     return _empty(title, message)
 
 
+# Plotly picks at most 10 ticks; over fewer steps than that its ticks fall between steps (2.5).
+WHOLE_STEPS = 10
+
+
+def step_ticks(steps: list[int]) -> dict:
+    """x-axis settings that keep the ticks on whole steps: one tick per step when the steps
+    span fewer than WHOLE_STEPS, Plotly's own choice (whole numbers by then) otherwise."""
+    return dict(tick0=0, dtick=1) if max(steps) - min(steps) < WHOLE_STEPS else {}
+
+
 def curves(
     metrics: dict[str, list[tuple[int, float]]], tags: list[str], title: str, y_title: str, empty: str,
     marker_step: int | None = None,
@@ -225,17 +235,25 @@ def curves(
     if not present:
         return _empty(title, empty)
     fig = go.Figure()
+    shown: list[int] = []
     for tag in present:
         steps, values = zip(*metrics[tag])
+        shown += steps
         sparse = len(steps) < 30  # evaluations: few points, show them
         fig.add_scatter(x=steps, y=values, name=tag, mode="lines+markers" if sparse else "lines")
     if marker_step is not None:
-        fig.add_vline(x=marker_step, line_dash="dot", line_color="#f97316", annotation_text="served", annotation_position="top")
+        shown.append(marker_step)
+        # Named in the legend, not by a text over the line: that text sat where the legend is.
+        fig.add_vline(x=marker_step, line_dash="dot", line_color="#f97316", name="served", showlegend=True)
+    # The legend stands on the plot and grows upwards, under the title (which stays clear of
+    # Gradio's label over the plot's corner): in a narrow column its second row goes into the
+    # margin, not over the curves.
     fig.update_layout(
-        title=dict(text=title, x=0.01), height=340, xaxis_title="step", yaxis_title=y_title,
-        margin=dict(l=10, r=10, t=50, b=10), legend=dict(orientation="h", y=1.12, x=1, xanchor="right"),
+        title=dict(text=title, x=0.01, y=1, yref="container", yanchor="top", pad=dict(t=38)), height=390,
+        xaxis_title="step", yaxis_title=y_title, margin=dict(l=10, r=10, t=100, b=10),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
         hovermode="x unified", plot_bgcolor="white",
     )
-    fig.update_xaxes(gridcolor="#eee")
+    fig.update_xaxes(gridcolor="#eee", **step_ticks(shown))
     fig.update_yaxes(gridcolor="#eee")
     return fig

@@ -15,6 +15,9 @@ CSS = """
 #header-status { padding: 0.4rem 0.8rem; border-radius: 8px; background: var(--block-background-fill); }
 #header-status p { margin: 0.15rem 0; }
 .no-checkpoint { border-left: 4px solid #f59e0b; }
+/* Gradio sets a highlighted word apart by 12px of margin (room for a category label, which
+   scores have not): "swansea 's 3 -2" read spaced out. The text's own spaces are enough. */
+#attention-highlight .token.highlighted { margin: 0; padding: var(--size-0-5) 0; }
 """
 THEME = gr.themes.Soft(primary_hue="blue", neutral_hue="slate")
 

@@ -1,7 +1,9 @@
 """A real browser: headless Chromium (Debian's `chromium`) driven by Playwright loads the
 app, summarizes an example, opens the Attention tab and saves a screenshot; Stop ends a long
-beam search and a long evaluation without an "Error" badge. Skips with the reason where
-Playwright or Chromium is missing. Set B2B_SCREENSHOT_DIR to keep the images."""
+beam search and a long evaluation without an "Error" badge; highlighted source words are
+spaced as the text is, and the decoding checkboxes keep room for their help text whatever the
+strategy. Skips with the reason where Playwright or Chromium is missing. Set B2B_SCREENSHOT_DIR
+to keep the images."""
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +40,20 @@ def open_app(tmp_path, **config):
             browser.close()
 
 
+# The side margins of a word of the highlighted source once it is highlighted (a copy of a
+# word, with Gradio's classes, given the class that a scored word gets).
+HIGHLIGHTED_MARGINS = """() => {
+    const word = document.querySelector('#attention-highlight .token');
+    const copy = word.cloneNode(true);
+    copy.classList.add('highlighted');
+    word.parentElement.appendChild(copy);
+    const style = getComputedStyle(copy);
+    const margins = style.marginLeft + ' ' + style.marginRight;
+    copy.remove();
+    return margins;
+}"""
+
+
 def pick_example(page) -> None:
     page.get_by_text("A Pennsylvania community is pulling", exact=False).first.click()
     page.wait_for_function(  # the example fills the text box asynchronously
@@ -62,6 +78,10 @@ def test_summarize_an_example_and_see_its_attention(tmp_path):
             "() => (document.querySelector('#attention-highlight')?.innerText || '').includes('pennsylvania')",
             timeout=60_000,
         )
+        # A highlighted word is spaced as the text is, not by Gradio's margins ("3 -2"); a tiny
+        # model may highlight nothing, so a word of the page is highlighted by hand.
+        margins = page.evaluate(HIGHLIGHTED_MARGINS)
+        assert margins == "0px 0px"
         shot = tmp_path / "attention.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 20_000
@@ -117,3 +137,22 @@ def test_stop_keeps_what_was_written_and_shows_no_error(tmp_path):
         stop_and_settle(page, "rouge-btn", "rouge-stop", "rouge-summary")
         assert "no scores" in page.inner_text("#rouge-summary")
         assert page.locator(".error:visible").count() == 0
+
+
+# The width of a decoding checkbox's block, by its label, on the tab on show.
+CHECKBOX_WIDTH = """label => [...document.querySelectorAll('label')]
+    .filter(l => l.offsetParent && l.innerText.trim().startsWith(label))
+    .map(l => l.closest('.block').getBoundingClientRect().width)[0]"""
+
+
+def test_decoding_checkboxes_keep_room_for_their_help_in_every_strategy(tmp_path):
+    """Greedy and sampling hide three beam sliders: the checkboxes then got what the two sliders
+    left, about 100 px, and their help text ran one or two words a line."""
+    with open_app(tmp_path) as page:
+        page.get_by_text("Decoding settings").first.click()
+        for strategy in ("beam", "greedy", "sampling"):
+            page.locator("label:visible", has_text=strategy).first.click()
+            page.wait_for_timeout(500)  # the sliders hide or show
+            for label in ("Block word stutter", "Spell words as the source does"):
+                width = page.evaluate(CHECKBOX_WIDTH, label)
+                assert width >= 240, (strategy, label, width)

@@ -10,6 +10,7 @@ from demo.figures import (
     highlight_source,
     reduce,
     rouge_bars,
+    step_ticks,
     token_axis,
     top_words,
 )
@@ -94,3 +95,25 @@ def test_rouge_bars_and_curves():
     assert [t.name for t in fig.data] == ["train/loss"]
     empty = curves({}, ["val/rouge1"], "ROUGE", "F1", "No ROUGE yet.")
     assert not empty.data and "No ROUGE yet." in empty.to_json()
+
+
+def test_a_short_run_has_ticks_on_whole_steps_only():
+    """Three steps: Plotly alone put ticks at 2.5 and 3.5."""
+    metrics = {"val/rouge1": [(3, 0.3)], "val/rouge2": [(3, 0.0)]}
+    axis = curves(metrics, ["val/rouge1", "val/rouge2"], "ROUGE", "F1", "empty", marker_step=3).layout.xaxis
+    assert (axis.tick0, axis.dtick) == (0, 1)
+    assert step_ticks([1000, 1009]) == dict(tick0=0, dtick=1)
+    assert step_ticks([0, 10]) == {} and step_ticks(list(range(0, 5000, 50))) == {}  # Plotly's ticks: whole already
+    long = curves({"train/loss": [(s, 1.0) for s in range(0, 500, 10)]}, ["train/loss"], "Loss", "ce", "empty")
+    assert long.layout.xaxis.dtick is None
+
+
+def test_the_served_marker_is_named_in_the_legend_not_over_it():
+    """Its "served" text sat above the plot, where the legend is."""
+    metrics = {"val/rouge1": [(100, 20.0), (200, 25.0)], "val/rouge2": [(100, 8.0), (200, 9.0)]}
+    fig = curves(metrics, ["val/rouge1", "val/rouge2"], "ROUGE", "F1", "empty", marker_step=200)
+    assert not fig.layout.annotations
+    (line,) = fig.layout.shapes
+    assert (line.x0, line.x1, line.name, line.showlegend) == (200, 200, "served", True)
+    assert fig.layout.legend.yanchor == "bottom" and fig.layout.legend.y > 1  # above the plot, growing upwards
+    assert not curves(metrics, ["val/rouge1"], "ROUGE", "F1", "empty").layout.shapes
