@@ -14,6 +14,8 @@ import os
 import threading
 import time
 
+from .runtime import usable_cores
+
 _MIN_WINDOW = 0.2  # seconds: a shorter window since the last look reuses the last answer
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal (not idle, iowait)
 
@@ -26,13 +28,6 @@ def _busy_seconds() -> float | None:
         return sum(int(fields[i]) for i in _BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class CoreLoad:
@@ -67,5 +62,5 @@ class CoreLoad:
         with self._lock:
             if others is not None:
                 taken = int(others + 0.5)  # half a core busy counts as taken
-                self._answer = 0 if taken == 0 else max(1, _cores() - taken)
+                self._answer = 0 if taken == 0 else max(1, usable_cores() - taken)
             return self._answer

@@ -18,7 +18,7 @@ from b2b import summarize  # (demo/__init__ imported b2b first: the fast BLAS is
 from .data import SAMPLE_SET, SAMPLE_SIZE
 from .store import BUNDLED, CheckpointStore, NoCheckpoint, Served, train_hint
 from .validate import (
-    DECODING_FIELDS, SUMMARIZE_DEFAULTS, BadInput, decoding_kwargs, read_text_file, readable_text,
+    DECODING_FIELDS, SUMMARIZE_DEFAULTS, BadInput, decoding_kwargs, parse_flag, read_text_file, readable_text,
 )
 
 PROMPT, MORE = "b2b> ", "...> "
@@ -51,10 +51,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _true_or_false(text: str) -> bool:
-    spelled = text.strip().lower()
-    if spelled in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-        return spelled in ("true", "1", "yes", "on")
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    """A boolean flag's value, spelled as the app's API accepts it; argparse names the flag."""
+    try:
+        return parse_flag(text, "")
+    except BadInput:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 
 def decoding_from(a: argparse.Namespace) -> dict:

@@ -196,7 +196,7 @@ def _plain(x: float) -> str:
     return f"{x:g}"
 
 
-def _flag(value: object, label: str) -> bool:
+def parse_flag(value: object, label: str) -> bool:
     """A checkbox value: a bool, or its usual spellings from an API client."""
     if isinstance(value, bool):
         return value
@@ -236,8 +236,8 @@ def decoding_kwargs(
         no_repeat_ngram_size=_number(no_repeat_ngram_size, "No-repeat n-gram size", True, 0, 10),
         # Below 1 it would reward repeating; transformers allows it, a summary never wants it.
         repetition_penalty=_number(repetition_penalty, "Repetition penalty", False, 1, 5),
-        no_repeat_word=_flag(no_repeat_word, "Block word stutter"),
-        source_spelling=_flag(source_spelling, "Spell words as the source does"),
+        no_repeat_word=parse_flag(no_repeat_word, "Block word stutter"),
+        source_spelling=parse_flag(source_spelling, "Spell words as the source does"),
     )
     if kw["min_length"] > kw["max_length"]:
         raise BadInput(f"Min length ({kw['min_length']}) must not exceed max length ({kw['max_length']}).")

@@ -39,14 +39,14 @@ def test_a_busy_process_is_counted_and_this_one_is_not():
 ])
 def test_threads_are_the_cores_left_free(monkeypatch, cores, others, threads):
     load = CoreLoad()
-    monkeypatch.setattr(cpu_load, "_cores", lambda: cores)
+    monkeypatch.setattr(cpu_load, "usable_cores", lambda: cores)
     monkeypatch.setattr(load, "others", lambda: others)
     assert load.threads() == threads
 
 
 def test_without_a_reading_the_last_answer_stands(monkeypatch):
     load = CoreLoad()
-    monkeypatch.setattr(cpu_load, "_cores", lambda: 2)
+    monkeypatch.setattr(cpu_load, "usable_cores", lambda: 2)
     readings = iter([1.0, None])
     monkeypatch.setattr(load, "others", lambda: next(readings))
     assert load.threads() == 1 and load.threads() == 1

@@ -9,14 +9,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import TEXT_SUFFIXES, DataError, DataFileNotFound, TokenizerLike, files_for_split, load_hub, looks_like_path
+from .data import PAIR_SUFFIXES, TEXT_SUFFIXES, DataError, DataFileNotFound, TokenizerLike, files_for_split, load_hub, looks_like_path
 
 log = logging.getLogger(__name__)
 
 # ` = Title = ` opens a WikiText article; ` = = Section = = ` lines stay inside it.
 _WIKI_TITLE = re.compile(r"^ ?= [^=].* = ?$")
 _WIKI_HEADING = re.compile(r"^ ?(= )+.* (= ?)+$")
-_PAIR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".csv", ".parquet")  # what train.finetune reads
 
 
 # --------------------------------------------------------------------------- plain text
@@ -60,7 +59,7 @@ def load_text_documents(
         if not files:
             raise DataError(f"The folder {source} has no {'/'.join(TEXT_SUFFIXES)} files for split {split!r}.")
     elif os.path.isfile(source):
-        if source.lower().endswith(_PAIR_SUFFIXES):
+        if source.lower().endswith(PAIR_SUFFIXES):  # what train.finetune reads
             raise DataError(
                 f"{source} holds records (JSON/CSV/Parquet), not plain text: pretraining reads .txt, .tokens or .raw "
                 "files, one paragraph a line (article/summary pairs are for train.finetune)."
