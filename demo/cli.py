@@ -160,7 +160,7 @@ def handle(line: str, served: Served, decoding: dict, out=None, err=None) -> boo
             path = line[len(">file"):].strip()
             if not path:
                 raise BadInput("Give a path: >file PATH")
-            summarize_one(served, read_text_file(path, require_suffix=False), decoding, out, err)
+            summarize_one(served, read_text_file(path, uploaded=False), decoding, out, err)
         elif line.startswith(">eval"):
             arg = line[len(">eval"):].strip()
             if arg and not arg.isdigit():
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             summarize_one(served, a.text, decoding)
             return 0
         if a.file is not None:
-            summarize_one(served, read_text_file(a.file, require_suffix=False), decoding)
+            summarize_one(served, read_text_file(a.file, uploaded=False), decoding)
             return 0
     except NoCheckpoint:
         print(f"error: {store.warning or no_checkpoint_message(a.watch, a.fallback)}", file=sys.stderr)

@@ -83,29 +83,33 @@ def _name(path: str) -> str:
     return os.path.basename(path)
 
 
-def read_text_file(path: str | None, require_suffix: bool = True) -> str:
-    """The UTF-8 text of a .txt or .md file (any name when not `require_suffix`), or BadInput
-    saying why not (binary, not UTF-8, empty, 1 MB or more)."""
+def read_text_file(path: str | None, uploaded: bool = True) -> str:
+    """The UTF-8 text of a file, or BadInput saying why not (binary, not UTF-8, empty, 1 MB or
+    more). An upload must be a .txt or .md file and is named by its base name (its temporary
+    path means nothing to the user); a path the user typed may have any name and is named as typed."""
     if not path:
         raise BadInput("No file was given.")
-    if require_suffix and not path.lower().endswith(TEXT_SUFFIXES):
-        raise BadInput(f"{_name(path)} is not a .txt or .md file; only plain text can be summarized.")
+    name = _name(path) if uploaded else path
+    if not uploaded:
+        path = os.path.expanduser(path)  # `>file ~/a.txt` at the CLI's prompt: no shell expands it
+    if uploaded and not path.lower().endswith(TEXT_SUFFIXES):
+        raise BadInput(f"{name} is not a .txt or .md file; only plain text can be summarized.")
     try:
         size = os.path.getsize(path)
         if size >= MAX_TEXT_BYTES:
-            raise BadInput(f"{_name(path)} is {_megabytes(size)}, over the 1 MB limit; use a single article.")
+            raise BadInput(f"{name} is {_megabytes(size)}, over the 1 MB limit; use a single article.")
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
-        raise BadInput(f"Could not read {_name(path)} ({e.strerror or e}).") from None
+        raise BadInput(f"Could not read {name} ({e.strerror or e}).") from None
     if b"\x00" in raw:
-        raise BadInput(f"{_name(path)} looks like a binary file, not text; use a UTF-8 .txt or .md file.")
+        raise BadInput(f"{name} looks like a binary file, not text; use a UTF-8 .txt or .md file.")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise BadInput(f"{_name(path)} is not UTF-8 text; save it as UTF-8 and try again.") from None
+        raise BadInput(f"{name} is not UTF-8 text; save it as UTF-8 and try again.") from None
     if not text.strip():
-        raise BadInput(f"{_name(path)} is empty.")
+        raise BadInput(f"{name} is empty.")
     return check_text(text)
 
 

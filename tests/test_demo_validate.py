@@ -75,7 +75,11 @@ def test_read_text_file(tmp_path):
 
     with pytest.raises(BadInput, match="not a .txt or .md"):
         read_text_file(str(tmp_path / "x.pdf"))
-    assert read_text_file(str(good), require_suffix=False)
+    typed = tmp_path / "article"  # a path typed in the CLI: any name, named as typed
+    typed.write_text("Some news.")
+    assert read_text_file(str(typed), uploaded=False) == "Some news."
+    with pytest.raises(BadInput, match=f"Could not read {tmp_path}/nowhere/a.txt "):
+        read_text_file(str(tmp_path / "nowhere" / "a.txt"), uploaded=False)
 
     big = tmp_path / "big.txt"
     big.write_text("word " * (MAX_TEXT_BYTES // 5 + 1))
