@@ -18,11 +18,11 @@ import sys
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from b2b import Bert2Bert, Tokenizer, dtype_name, runtime_info, save_checkpoint
+from b2b import Bert2Bert, Tokenizer, dtype_name, save_checkpoint
 
 from .checkpoints import STATE, TrainerState, load_for_decoding, read_run_settings, run_dir_of
 from .command import setup_logging
-from .writer import read_run_starts
+from .lineage import LINEAGE, lineage_of, summary_lines, training_hardware
 
 log = logging.getLogger(__name__)
 
@@ -61,25 +61,6 @@ def average_checkpoints(paths: list[str]) -> tuple[Bert2Bert, Tokenizer]:
     return model, tokenizer
 
 
-def _hardware(rt: dict) -> str:
-    """One machine as a run recorded it (`runtime_info()`): a GPU by its name, a CPU by its cores and BLAS."""
-    where = f"{rt.get('platform', '?')}"
-    if "cpu" in str(rt.get("device", "cpu")).lower():
-        return f"{where} ({rt.get('cpu_count', '?')} CPU cores, MLX {rt.get('mlx', '?')}, BLAS {rt.get('blas', '?')})"
-    return f"{where}, {rt.get('device_name') or rt.get('device')} (MLX {rt.get('mlx', '?')})"
-
-
-def training_hardware(run_dir: str) -> str:
-    """The machines a run trained on, as its metrics.jsonl recorded them at each start (a resumed
-    run can move); this machine, said to be so, when the run recorded none."""
-    seen: list[str] = []
-    for start in read_run_starts(run_dir):
-        runtime = start.get("runtime")
-        if isinstance(runtime, dict) and _hardware(runtime) not in seen:
-            seen.append(_hardware(runtime))
-    return " and ".join(seen) if seen else f"{_hardware(runtime_info())} (the exporting machine: the run recorded none)"
-
-
 def _constraints(settings: dict) -> str:
     """The decoding bans a report was made with, for its heading (reports from before a setting
     existed do not name it)."""
@@ -96,6 +77,7 @@ def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | No
     settings = read_run_settings(run_dir)
     cfg = model.config
     pointer = ", with a pointer-generator (See et al. 2017) that copies source tokens" if cfg.pointer_generator else ""
+    runs = lineage_of(ckpt)
     lines = [
         "# b2b summarizer (BERT2BERT, CNN/DailyMail)",
         "",
@@ -104,6 +86,10 @@ def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | No
         f"{model.num_parameters() / 1e6:.1f}M parameters{pointer}), weights stored as {dtype}.",
         "",
         "## Training",
+    ]
+    if len(runs) > 1:  # warm-started from earlier runs' weights: say what it took in all, then the last run
+        lines += summary_lines(runs) + ["", "The last run:"]
+    lines += [
         f"- Task: {state.task or 'summarization'}; optimizer steps: {state.step}; examples seen: {state.examples_seen:,}; "
         f"tokens seen: {state.tokens_seen:,}",
         f"- Wall time in the training loop: {state.wall_seconds / 3600:.2f} h on {training_hardware(run_dir)}",
@@ -170,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     for report in glob.glob(os.path.join(a.checkpoint, "eval_*.json")):
         with open(report) as src, open(os.path.join(path, os.path.basename(report)), "w") as dst:
             dst.write(src.read())
+    runs = lineage_of(a.checkpoint)
+    if runs:  # a run started from the shipped folder carries these on
+        with open(os.path.join(path, LINEAGE), "w", encoding="utf-8") as f:
+            json.dump(runs, f, indent=1)
     size = os.path.getsize(os.path.join(path, "model.safetensors")) / 2**20
     log.info("Wrote %s (%.1f MiB of weights) with MODEL_CARD.md.", path, size)
     return 0

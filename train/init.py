@@ -30,6 +30,17 @@ def copy_encoder_into_decoder(model: Bert2Bert) -> None:
     dec.lm_head.update(enc.mlm_head.parameters())
 
 
+def init_folder(init: str) -> str | None:
+    """The checkpoint folder a local `--init` names (a run folder: its newest checkpoint), or None
+    for a hub id or a folder that holds no checkpoint."""
+    if not init or not os.path.isdir(init):
+        return None
+    if os.path.isfile(os.path.join(init, "config.json")):
+        return init
+    runs = list_checkpoints(init)
+    return runs[-1][1] if runs else None
+
+
 def build_model(s: TrainSettings, share: bool = False, pointer: bool = False) -> tuple[Bert2Bert, Tokenizer]:
     """The model a run starts from. `--init` may name a b2b checkpoint (an MLM-pretrained one
     also warm-starts the decoder from its encoder), a run folder (its newest checkpoint) or a
@@ -44,12 +55,10 @@ def build_model(s: TrainSettings, share: bool = False, pointer: bool = False) ->
         mx.random.seed(s.seed)
         cfg = B2BConfig.preset(s.preset, **overrides)
         return Bert2Bert(cfg), Tokenizer.default()
-    folder = s.init if os.path.isdir(s.init) else resolve_hf_folder(s.init)
-    if not os.path.isfile(os.path.join(folder, "config.json")):
-        runs = list_checkpoints(folder)
-        if not runs:
-            raise FileNotFoundError(f"--init {s.init} is neither a checkpoint (no config.json) nor a run folder with checkpoints.")
-        folder = runs[-1][1]
+    folder = init_folder(s.init) if os.path.isdir(s.init) else resolve_hf_folder(s.init)
+    if folder is None:
+        raise FileNotFoundError(f"--init {s.init} is neither a checkpoint (no config.json) nor a run folder with checkpoints.")
+    if folder != s.init:
         log.info("--init %s is a run folder: starting from its newest checkpoint, %s.", s.init, folder)
     with open(os.path.join(folder, "config.json")) as f:
         is_hf = "model_type" in json.load(f)

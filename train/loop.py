@@ -24,6 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from b2b import Bert2Bert, Tokenizer, runtime_info
 
 from .checkpoints import TrainerState, list_checkpoints, prune_checkpoints, restore, save_run_checkpoint
+from .lineage import write_init_lineage
 from .optim import AdamW, global_norm, make_update
 from .settings import TrainSettings
 from .step import GradStep, auto_shards
@@ -156,6 +157,8 @@ def run(
     task.prepare(model)
     model.train()
     s.save(run_dir)
+    if not (s.resume and checkpoints):
+        write_init_lineage(run_dir, s.init)  # the runs behind the --init checkpoint, for the model card
 
     shards = s.cpu_shards or auto_shards(s.batch_size)
     grad_step = GradStep(model, task.loss, shards, task.aux_counts)

@@ -1,0 +1,56 @@
+"""train/lineage.py: a model warm-started from earlier runs' weights carries those runs along,
+through run folders and exported checkpoints, and its model card totals them."""
+from __future__ import annotations
+
+import json
+
+from train import finetune
+from train.checkpoints import list_checkpoints
+from train.export import main as export_main
+from train.lineage import LINEAGE, lineage_of
+
+from conftest import FIXTURES
+
+ARGS = [
+    "--data", str(FIXTURES / "cnndm_tok_sample.jsonl.gz"), "--limit", "24", "--max-source-len", "48",
+    "--max-target-len", "16", "--batch-size", "4", "--rouge-examples", "0", "--val-examples", "4",
+    "--warmup-steps", "0", "--lr", "1e-3", "--eval-every", "0", "--log-every", "1",
+]
+
+
+def test_runs_carry_their_lineage_through_run_folders_and_exports(tmp_path):
+    first, second, third = (str(tmp_path / name) for name in ("first", "second", "third"))
+    assert finetune.main(ARGS + ["--preset", "tiny", "--out", first, "--max-steps", "3", "--seed", "1"]) == 0
+    assert lineage_of(list_checkpoints(first)[-1][1])[0]["init"] == "random"
+
+    # --init a run folder: its newest checkpoint, whose run is recorded
+    assert finetune.main(ARGS + ["--init", first, "--out", second, "--max-steps", "2", "--seed", "2"]) == 0
+    shipped = tmp_path / "shipped"
+    assert export_main(["--checkpoint", list_checkpoints(second)[-1][1], "--out", str(shipped), "--dtype", "float32"]) == 0
+    runs = json.loads((shipped / LINEAGE).read_text())
+    assert [(r["run"], r["steps"], r["examples"]) for r in runs] == [("first", 3, 12), ("second", 2, 8)]
+    assert runs[1]["init"] == first and runs[1]["settings"]["seed"] == 2
+
+    # --init the exported folder: the next run, and its export, carry both earlier runs on
+    assert finetune.main(ARGS + ["--init", str(shipped), "--out", third, "--max-steps", "1", "--seed", "3"]) == 0
+    again = tmp_path / "again"
+    assert export_main(["--checkpoint", list_checkpoints(third)[-1][1], "--out", str(again), "--dtype", "float32"]) == 0
+    assert [r["steps"] for r in lineage_of(str(again))] == [3, 2, 1]
+    card = (again / "MODEL_CARD.md").read_text()
+    assert "In all, 3 runs, each from the one before: 6 optimizer steps, 24 examples" in card
+    assert "| first | summarization | 3 | 12 |" in card and "| third | summarization | 1 | 4 |" in card
+    assert "The last run:\n- Task: summarization; optimizer steps: 1; examples seen: 4" in card
+
+
+def test_a_single_run_has_no_lineage_table_and_a_resume_keeps_what_it_started_from(tmp_path):
+    run = str(tmp_path / "run")
+    assert finetune.main(ARGS + ["--preset", "tiny", "--out", run, "--max-steps", "2", "--save-every", "1"]) == 0
+    out = tmp_path / "out"
+    assert export_main(["--checkpoint", list_checkpoints(run)[-1][1], "--out", str(out), "--dtype", "float32"]) == 0
+    assert "In all" not in (out / "MODEL_CARD.md").read_text()
+    assert [r["steps"] for r in json.loads((out / LINEAGE).read_text())] == [2]
+
+    child = str(tmp_path / "child")
+    assert finetune.main(ARGS + ["--init", str(out), "--out", child, "--max-steps", "2", "--save-every", "1"]) == 0
+    assert finetune.main(ARGS + ["--init", str(out), "--out", child, "--max-steps", "3", "--resume"]) == 0
+    assert [r["steps"] for r in lineage_of(list_checkpoints(child)[-1][1])] == [2, 3]
