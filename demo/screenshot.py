@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             page.wait_for_function("() => (document.querySelector('#article textarea')?.value || '').length > 0")
             page.click("#summarize-btn")
             page.wait_for_function(DONE, timeout=300_000)
+            page.wait_for_timeout(800)  # the re-enabled Summarize button fades back in: shoot it settled
             page.screenshot(path=a.out)
             print(f"wrote {a.out}")
             if a.attention:

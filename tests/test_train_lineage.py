@@ -37,7 +37,7 @@ def test_runs_carry_their_lineage_through_run_folders_and_exports(tmp_path):
     assert export_main(["--checkpoint", list_checkpoints(third)[-1][1], "--out", str(again), "--dtype", "float32"]) == 0
     assert [r["steps"] for r in lineage_of(str(again))] == [3, 2, 1]
     card = (again / "MODEL_CARD.md").read_text()
-    assert "In all, 3 runs, each from the one before: 6 optimizer steps, 24 examples" in card
+    assert "In all, 3 runs, each from the one before: 6 optimizer steps, 24 examples," in card
     assert "| first | summarization | 3 | 12 |" in card and "| third | summarization | 1 | 4 |" in card
     assert "The last run:\n- Task: summarization; optimizer steps: 1; examples seen: 4" in card
 

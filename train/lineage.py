@@ -20,7 +20,7 @@ from .writer import read_run_starts
 
 LINEAGE = "lineage.json"  # in an exported checkpoint folder
 INIT_LINEAGE = "init_lineage.json"  # in a run folder: the runs of the checkpoint it started from
-_SETTINGS = ("batch_size", "lr", "max_steps", "seed")  # enough to tell one run's recipe at a glance
+_SETTINGS = ("batch_size", "lr", "max_steps", "label_smoothing", "seed")  # one run's recipe at a glance
 
 
 def _hardware(rt: dict) -> str:
@@ -90,11 +90,11 @@ def summary_lines(runs: list[dict]) -> list[str]:
     hours: dict[str, float] = {}
     for r in runs:
         hours[r.get("hardware", "?")] = hours.get(r.get("hardware", "?"), 0.0) + float(r.get("hours") or 0.0)
-    machines = "; ".join(f"{hw}: {h:.2f} h" for hw, h in hours.items())
+    machines = "; ".join(f"{h:.2f} h on {hw}" for hw, h in hours.items())
     lines = [
         f"In all, {len(runs)} runs, each from the one before: {sum(r.get('steps', 0) for r in runs):,} optimizer steps, "
-        f"{sum(r.get('examples', 0) for r in runs):,} examples, {sum(r.get('tokens', 0) for r in runs):,} tokens; "
-        f"{sum(hours.values()):.2f} h in training loops ({machines}).",
+        f"{sum(r.get('examples', 0) for r in runs):,} examples, {sum(r.get('tokens', 0) for r in runs):,} tokens, "
+        f"{sum(hours.values()):.2f} h in training loops: {machines}.",
         "",
         "| run | task | steps | examples | hours | machine | settings |",
         "|---|---|---:|---:|---:|---|---|",
