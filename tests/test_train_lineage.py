@@ -54,3 +54,14 @@ def test_a_single_run_has_no_lineage_table_and_a_resume_keeps_what_it_started_fr
     assert finetune.main(ARGS + ["--init", str(out), "--out", child, "--max-steps", "2", "--save-every", "1"]) == 0
     assert finetune.main(ARGS + ["--init", str(out), "--out", child, "--max-steps", "3", "--resume"]) == 0
     assert [r["steps"] for r in lineage_of(list_checkpoints(child)[-1][1])] == [2, 3]
+
+
+def test_a_broken_lineage_file_does_not_stop_a_run(tmp_path, tiny_model, tokenizer, caplog):
+    from b2b import save_checkpoint
+
+    ckpt = save_checkpoint(tiny_model, tokenizer, str(tmp_path / "hand_made"))
+    (tmp_path / "hand_made" / LINEAGE).write_text("{not json")
+    run = str(tmp_path / "run")
+    assert finetune.main(ARGS + ["--init", ckpt, "--out", run, "--max-steps", "1"]) == 0
+    assert "are not recorded" in caplog.text
+    assert [r["steps"] for r in lineage_of(list_checkpoints(run)[-1][1])] == [1]

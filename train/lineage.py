@@ -10,6 +10,7 @@ no runs to carry.
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from b2b import runtime_info
@@ -17,6 +18,8 @@ from b2b import runtime_info
 from .checkpoints import STATE, TrainerState, read_run_settings, run_dir_of
 from .init import init_folder
 from .writer import read_run_starts
+
+log = logging.getLogger(__name__)
 
 LINEAGE = "lineage.json"  # in an exported checkpoint folder
 INIT_LINEAGE = "init_lineage.json"  # in a run folder: the runs of the checkpoint it started from
@@ -77,7 +80,11 @@ def lineage_of(folder: str) -> list[dict]:
 def write_init_lineage(run_dir: str, init: str) -> None:
     """Record, at a run's start, the runs behind the checkpoint it was warm-started from."""
     folder = init_folder(init)
-    runs = lineage_of(folder) if folder else []
+    try:
+        runs = lineage_of(folder) if folder else []
+    except (OSError, ValueError) as e:  # a hand-edited file: the run goes on, its card counts only itself
+        log.warning("The runs behind %s are not recorded (%s); this run's model card will count only itself.", init, e)
+        runs = []
     if runs:
         path = os.path.join(run_dir, INIT_LINEAGE)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
