@@ -21,6 +21,7 @@ from typing import Callable
 
 from b2b import DECODING_FILE, Bert2Bert, Tokenizer, is_checkpoint
 from train.checkpoints import load_for_decoding
+from train.lineage import lineage_of
 
 from .worker import ModelWorker
 
@@ -124,6 +125,22 @@ class Served:
             if rank is None or key > rank:
                 best, rank = report, key
         return best
+
+    @cached_property
+    def lineage(self) -> list[dict]:
+        """The runs that made these weights, oldest first (`train.lineage`); [] when unrecorded."""
+        try:
+            return lineage_of(self.path)
+        except (OSError, ValueError, KeyError, TypeError):  # a hand-edited file: say nothing rather than fail
+            return []
+
+    def trained(self) -> str | None:
+        """`trained 20,546 steps (412,944 examples) in 10 runs` for weights made by several runs, else None."""
+        runs = self.lineage
+        if len(runs) < 2:
+            return None
+        steps, examples = sum(int(r.get("steps") or 0) for r in runs), sum(int(r.get("examples") or 0) for r in runs)
+        return f"trained {steps:,} steps ({examples:,} examples) in {len(runs)} runs"
 
     def measured(self) -> str | None:
         """One sentence quoting `test_report` (with Lead-3 when it has it), or None."""

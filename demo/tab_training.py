@@ -60,6 +60,8 @@ def served_markdown(store: CheckpointStore) -> str:
             f"**Loaded:** {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(served.loaded_at))}  \n"
             f"**Validation at that step:** {scores}{best}"
         )
+        if trained := served.trained():
+            text += f"  \n**In all:** {trained} (the model card has each run)"
         measured = served.measured()  # an exported model keeps no trainer state, but its eval reports
         if measured:
             text += f"  \n**Evaluated:** {measured}"

@@ -53,8 +53,9 @@ def header_markdown(store: CheckpointStore) -> str:
     else:
         vals = served.val_metrics
         rouge = f" · val ROUGE-2 {vals['val/rouge2']:.2f}" if "val/rouge2" in vals else ""
+        trained = f" · {t}" if (t := served.trained()) else ""
         text = (
-            f"**Serving** {served.headline()}{rouge} · {served.num_parameters / 1e6:.1f} M parameters · "
+            f"**Serving** {served.headline()}{rouge} · {served.num_parameters / 1e6:.1f} M parameters{trained} · "
             f"`{served.path}`"
         )
         if measured := served.measured():

@@ -276,3 +276,26 @@ def test_a_decoding_file_added_beside_the_weights_is_reloaded(tmp_path, tiny_pai
     with open(os.path.join(path, DECODING_FILE), "w") as f:
         json.dump({"max_source_length": 16}, f)
     assert store.refresh() and store.current().model.source_limit == 16
+
+
+def test_the_header_totals_the_runs_behind_an_exported_model(tmp_path, tiny_pair):
+    from demo.ui import header_markdown
+    from train.lineage import LINEAGE
+
+    folder = save_checkpoint(*tiny_pair, str(tmp_path / "shipped"))
+    store = store_for(tmp_path, pinned=folder)
+    store.refresh()
+    assert store.require().trained() is None and "trained" not in header_markdown(store)  # nothing recorded
+
+    runs = [{"run": "a", "steps": 1000, "examples": 16000}, {"run": "b", "steps": 234, "examples": 7488}]
+    with open(os.path.join(folder, LINEAGE), "w") as f:
+        json.dump(runs, f)
+    store = store_for(tmp_path, pinned=folder)
+    store.refresh()
+    assert "trained 1,234 steps (23,488 examples) in 2 runs" in header_markdown(store)
+
+    with open(os.path.join(folder, LINEAGE), "w") as f:
+        f.write("[{broken")
+    store = store_for(tmp_path, pinned=folder)
+    store.refresh()
+    assert store.require().trained() is None  # a broken file: said nothing, served anyway
