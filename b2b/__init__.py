@@ -7,7 +7,7 @@ from .runtime import runtime_info  # noqa: I001 - must come before anything that
 from .cache import DecoderCache, LayerCache
 from .checkpoint import DECODING_FILE, CheckpointError, dtype_name, is_checkpoint, load_checkpoint, save_checkpoint
 from .config import PRESETS, B2BConfig, ConfigError
-from .convert import ConversionError, load_hf_bert
+from .convert import ConversionError, load_hf_bert, to_hf_model
 from .generate import DecodingConfig, DecodingError, Hypothesis, generate
 from .model import Bert2Bert, Intermediates
 from .rouge import RougeResult, lead3, rouge_scores
@@ -24,5 +24,5 @@ __all__ = [
     "DecoderCache", "DecodingConfig", "DecodingError", "Hypothesis", "InputError", "Intermediates",
     "LayerCache", "PRESETS", "RougeResult", "StreamChunk", "SummaryResult", "Tokenizer", "TokenizerError",
     "attention_maps", "dtype_name", "generate", "glued_words", "is_checkpoint", "lead3", "load_checkpoint",
-    "load_hf_bert", "rouge_scores", "runtime_info", "save_checkpoint", "stream_summarize", "summarize",
+    "load_hf_bert", "rouge_scores", "runtime_info", "save_checkpoint", "stream_summarize", "summarize", "to_hf_model",
 ]

@@ -237,3 +237,33 @@ def to_hf_encoder_decoder(model: Bert2Bert) -> dict[str, np.ndarray]:
     out["decoder.cls.predictions.decoder.weight"] = word
     out["decoder.cls.predictions.decoder.bias"] = out["decoder.cls.predictions.bias"]
     return out
+
+
+def to_hf_model(model: Bert2Bert):
+    """`model` as a transformers `EncoderDecoderModel` (BertModel + BertLMHeadModel) in eval mode,
+    for comparing with or handing to Hugging Face tools; needs torch and transformers. Its
+    `generate()` starts from [CLS] and stops at [SEP] as b2b's does. BERT2BERT models without a
+    pointer-generator only (transformers has neither BERTShare's sharing nor a pointer)."""
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise ConversionError("to_hf_model needs torch and transformers: pip install torch transformers.") from e
+    state = to_hf_encoder_decoder(model)  # raises ConversionError for BERTShare and pointer models
+    c = model.config
+    common = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_attention_heads=c.num_heads,
+                  intermediate_size=c.ffn_size, max_position_embeddings=c.max_positions,
+                  type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, pad_token_id=c.pad_id)
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
+        transformers.BertConfig(num_hidden_layers=c.encoder_layers, **common),
+        transformers.BertConfig(num_hidden_layers=c.decoder_layers, is_decoder=True, add_cross_attention=True, **common),
+    )
+    config.decoder_start_token_id, config.eos_token_id, config.pad_token_id = c.cls_id, c.sep_id, c.pad_id
+    hf = transformers.EncoderDecoderModel(config=config)
+    missing, unexpected = hf.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=False)
+    missing = [k for k in missing if "position_ids" not in k]  # a buffer, not a weight
+    if missing or unexpected:
+        raise ConversionError(f"transformers' model did not take these weights: missing {missing[:3]}, unexpected {unexpected[:3]}.")
+    gen = hf.generation_config
+    gen.decoder_start_token_id, gen.eos_token_id, gen.pad_token_id = c.cls_id, c.sep_id, c.pad_id
+    return hf.eval()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from b2b import B2BConfig, Bert2Bert, load_checkpoint, load_hf_bert
+from b2b import B2BConfig, Bert2Bert, ConversionError, load_checkpoint, load_hf_bert
 from b2b.convert import config_from_hf, map_hf_weights, to_hf_encoder_decoder
 
 from conftest import MINILM, need_shared
@@ -61,6 +61,30 @@ def test_encoder_decoder_matches_transformers(tiny_config, tokenizer):
                  decoder_input_ids=torch.tensor(tgt.astype(np.int64))).logits.numpy()
     ours = np.array(model(mx.array(ids), mx.array(mask), mx.array(tgt)))
     assert np.abs(ours - ref).max() < 1e-4
+
+
+def test_to_hf_model_generates_what_b2b_generates(tiny_config, tokenizer):
+    torch = _torch()
+    pytest.importorskip("transformers", reason="transformers is optional; CI installs it")
+    from b2b import DecodingConfig, to_hf_model
+    from b2b.generate import generate
+
+    mx.random.seed(5)
+    model = Bert2Bert(tiny_config)
+    model.eval()
+    hf = to_hf_model(model)
+    ids, mask = _inputs(tokenizer)
+    for beams in (1, 3):
+        ours = generate(model, mx.array(ids), mx.array(mask),
+                        DecodingConfig(max_length=12, min_length=12, num_beams=beams, no_repeat_ngram_size=0))
+        with torch.no_grad():
+            theirs = hf.generate(input_ids=torch.tensor(ids.astype(np.int64)), attention_mask=torch.tensor(mask.astype(np.int64)),
+                                 max_new_tokens=12, min_new_tokens=12, num_beams=beams, do_sample=False)
+        assert [h.tokens for h in ours] == [row[1:] for row in theirs.tolist()]  # HF keeps the start token
+
+    share = Bert2Bert(B2BConfig.preset("tiny", share_encoder_decoder=True))
+    with pytest.raises(ConversionError, match="BERTShare"):
+        to_hf_model(share)
 
 
 def test_warm_start_fills_decoder_from_bert(tmp_path):
