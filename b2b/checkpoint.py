@@ -52,7 +52,7 @@ def save_checkpoint(
     tokenizer: Tokenizer,
     path: str,
     dtype: str | None = None,
-    extra: dict[str, dict] | None = None,
+    extra: dict[str, dict | list] | None = None,
     arrays: dict[str, dict[str, mx.array]] | None = None,
 ) -> str:
     """Write `model` (optionally cast to float16/bfloat16, or its matrices quantized to 8 bits

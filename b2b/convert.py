@@ -211,6 +211,8 @@ def to_hf_encoder_decoder(model: Bert2Bert) -> dict[str, np.ndarray]:
     cfg = model.config
     if cfg.share_encoder_decoder:
         raise ConversionError("Export of BERTShare models is not supported; save it as a b2b checkpoint.")
+    if not cfg.tie_embeddings:
+        raise ConversionError("Export needs the LM head tied to the word embeddings (tie_embeddings), as BERT's is.")
     if cfg.pointer_generator:
         raise ConversionError("transformers' EncoderDecoderModel has no pointer-generator; save it as a b2b checkpoint.")
     inv_layer = {v: k for k, v in _LAYER.items()}

@@ -21,7 +21,7 @@ from typing import Callable
 
 from b2b import DECODING_FILE, Bert2Bert, Tokenizer, is_checkpoint
 from train.checkpoints import load_for_decoding
-from train.lineage import lineage_of
+from train.lineage import lineage_of, totals
 
 from .worker import ModelWorker
 
@@ -139,8 +139,8 @@ class Served:
         runs = self.lineage
         if len(runs) < 2:
             return None
-        steps, examples = sum(int(r.get("steps") or 0) for r in runs), sum(int(r.get("examples") or 0) for r in runs)
-        return f"trained {steps:,} steps ({examples:,} examples) in {len(runs)} runs"
+        total = totals(runs)
+        return f"trained {total['steps']:,} steps ({total['examples']:,} examples) in {len(runs)} runs"
 
     def measured(self) -> str | None:
         """One sentence quoting `test_report` (with Lead-3 when it has it), or None."""

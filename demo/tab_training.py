@@ -61,7 +61,8 @@ def served_markdown(store: CheckpointStore) -> str:
             f"**Validation at that step:** {scores}{best}"
         )
         if trained := served.trained():
-            text += f"  \n**In all:** {trained} (the model card has each run)"
+            card = " (its model card has each run)" if os.path.isfile(os.path.join(served.path, "MODEL_CARD.md")) else ""
+            text += f"  \n**In all:** {trained}{card}"
         measured = served.measured()  # an exported model keeps no trainer state, but its eval reports
         if measured:
             text += f"  \n**Evaluated:** {measured}"

@@ -82,9 +82,28 @@ def test_to_hf_model_generates_what_b2b_generates(tiny_config, tokenizer):
                                  max_new_tokens=12, min_new_tokens=12, num_beams=beams, do_sample=False)
         assert [h.tokens for h in ours] == [row[1:] for row in theirs.tolist()]  # HF keeps the start token
 
+    # [SEP] made likely: both stop where it comes (beams: once every beam has, as both are told)
+    bias = np.zeros(tiny_config.vocab_size, np.float32)
+    bias[tiny_config.sep_id] = 9.0
+    model.decoder.lm_head.bias = mx.array(bias)
+    hf = to_hf_model(model)
+    for beams in (1, 3):
+        ours = generate(model, mx.array(ids), mx.array(mask),
+                        DecodingConfig(max_length=12, min_length=2, num_beams=beams, no_repeat_ngram_size=0, early_stopping=True))
+        with torch.no_grad():
+            theirs = hf.generate(input_ids=torch.tensor(ids.astype(np.int64)), attention_mask=torch.tensor(mask.astype(np.int64)),
+                                 max_new_tokens=12, min_new_tokens=2, num_beams=beams, do_sample=False, early_stopping=True)
+        rows = theirs.tolist()
+        assert any(tiny_config.sep_id in row for row in rows)  # the case is exercised
+        # b2b's tokens end before [SEP]; HF's row starts with [CLS] and pads after [SEP]
+        assert [h.tokens for h in ours] == [row[1:row.index(tiny_config.sep_id)] if tiny_config.sep_id in row else row[1:] for row in rows]
+        assert [h.finish_reason for h in ours] == ["eos" if tiny_config.sep_id in row else "length" for row in rows]
+
     share = Bert2Bert(B2BConfig.preset("tiny", share_encoder_decoder=True))
     with pytest.raises(ConversionError, match="BERTShare"):
         to_hf_model(share)
+    with pytest.raises(ConversionError, match="tie"):
+        to_hf_model(Bert2Bert(B2BConfig.preset("tiny", tie_embeddings=False)))
 
 
 def test_warm_start_fills_decoder_from_bert(tmp_path):

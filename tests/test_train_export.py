@@ -84,7 +84,8 @@ def test_the_card_names_the_machines_the_run_trained_on_not_the_exporting_one(tm
     from train.writer import SETTINGS_TAG
 
     run = tmp_path / "run"
-    ckpt = save_checkpoint(tiny_model, tokenizer, str(run / "checkpoints" / "step_0000010"))
+    state = {"task": "summarization", "step": 10, "wall_seconds": 360.0}
+    ckpt = save_checkpoint(tiny_model, tokenizer, str(run / "checkpoints" / "step_0000010"), extra={"trainer_state.json": state})
     gpu = {"platform": "Linux x86_64", "device": "Device(gpu, 0)", "device_name": "NVIDIA H200", "mlx": "0.32.4", "cpu_count": 16}
     cpu = {"platform": "Darwin arm64", "device": "Device(cpu, 0)", "cpu_count": 8, "mlx": "0.32.4", "blas": "accelerate"}
     rows = [{"step": 0, "tag": SETTINGS_TAG, "text": json.dumps({"runtime": rt})} for rt in (gpu, gpu, cpu)]

@@ -65,3 +65,50 @@ def test_a_broken_lineage_file_does_not_stop_a_run(tmp_path, tiny_model, tokeniz
     assert finetune.main(ARGS + ["--init", ckpt, "--out", run, "--max-steps", "1"]) == 0
     assert "are not recorded" in caplog.text
     assert [r["steps"] for r in lineage_of(list_checkpoints(run)[-1][1])] == [1]
+
+
+def test_reexporting_an_export_keeps_its_runs_and_an_export_onto_itself_is_refused(tmp_path):
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    assert finetune.main(ARGS + ["--preset", "tiny", "--out", first, "--max-steps", "2"]) == 0
+    assert finetune.main(ARGS + ["--init", first, "--out", second, "--max-steps", "1"]) == 0
+    shipped, again = tmp_path / "shipped", tmp_path / "int8"
+    assert export_main(["--checkpoint", list_checkpoints(second)[-1][1], "--out", str(shipped), "--dtype", "float32"]) == 0
+    assert export_main(["--checkpoint", str(shipped), "--out", str(again), "--dtype", "int8"]) == 0
+    assert json.loads((again / LINEAGE).read_text()) == json.loads((shipped / LINEAGE).read_text())
+    card = (again / "MODEL_CARD.md").read_text()
+    assert "In all, 2 runs" in card and "The last run" not in card and "optimizer steps: 0" not in card
+
+    assert export_main(["--checkpoint", str(shipped), "--out", str(shipped)]) == 2  # would lose its reports and runs
+    assert (shipped / LINEAGE).is_file()
+
+
+def test_a_run_restarted_without_init_drops_the_lineage_an_earlier_start_recorded(tmp_path):
+    first, run = str(tmp_path / "first"), tmp_path / "run"
+    assert finetune.main(ARGS + ["--preset", "tiny", "--out", first, "--max-steps", "1"]) == 0
+    (run).mkdir()
+    (run / "init_lineage.json").write_text(json.dumps([{"run": "stale", "steps": 9}]))  # a start that died early
+    assert finetune.main(ARGS + ["--preset", "tiny", "--out", str(run), "--max-steps", "1"]) == 0
+    assert not (run / "init_lineage.json").exists()
+    assert [r["run"] for r in lineage_of(list_checkpoints(str(run))[-1][1])] == ["run"]
+
+
+def test_a_checkpoint_copied_out_of_its_run_keeps_its_counts_but_not_its_runs_settings(tmp_path):
+    import shutil
+
+    run = str(tmp_path / "run")
+    assert finetune.main(ARGS + ["--preset", "tiny", "--out", run, "--max-steps", "2"]) == 0
+    copy = tmp_path / "elsewhere" / "best"
+    shutil.copytree(list_checkpoints(run)[-1][1], copy)
+    (record,) = lineage_of(str(copy))
+    assert (record["run"], record["steps"], record["examples"]) == ("best", 2, 8)
+    assert record["hardware"].startswith("not recorded") and record["settings"] == {}
+
+
+def test_an_averaged_export_says_so_in_its_lineage(tmp_path):
+    run = str(tmp_path / "run")
+    assert finetune.main(ARGS + ["--preset", "tiny", "--out", run, "--max-steps", "2", "--save-every", "1", "--keep-last", "2"]) == 0
+    (one, older), (two, newest) = list_checkpoints(run)
+    out = tmp_path / "avg"
+    assert export_main(["--checkpoint", newest, "--average", older, "--out", str(out), "--dtype", "float32"]) == 0
+    (record,) = json.loads((out / LINEAGE).read_text())
+    assert record["steps"] == 2 and record["averaged_with"] == ["step_0000001"]

@@ -51,14 +51,18 @@ def step_dir(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, "checkpoints", f"step_{step:07d}")
 
 
-def run_dir_of(checkpoint: str) -> str:
-    """The run folder a `RUN/checkpoints/step_N` checkpoint belongs to (step_dir's inverse)."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(checkpoint)))
+def run_dir_of(checkpoint: str) -> str | None:
+    """The run folder a `RUN/checkpoints/step_N` checkpoint belongs to (step_dir's inverse);
+    None for a checkpoint elsewhere (shipped, copied, hand-made), whose grandparent is not its run."""
+    parent = os.path.dirname(os.path.abspath(checkpoint))
+    return os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else None
 
 
-def read_run_settings(run_dir: str) -> dict:
+def read_run_settings(run_dir: str | None) -> dict:
     """The run's settings.json as written at its start; {} when absent or unreadable (a shipped
     folder, a hand-made checkpoint): callers use it to describe, never to resume."""
+    if run_dir is None:
+        return {}
     try:
         with open(os.path.join(run_dir, "settings.json"), encoding="utf-8") as f:
             data = json.load(f)

@@ -69,15 +69,18 @@ def _constraints(settings: dict) -> str:
     return f" ({', '.join(said)})" if said else ""
 
 
-def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | None = None) -> str:
+def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | None = None,
+               runs: list[dict] | None = None) -> str:
     """Markdown describing how `model`, loaded from `ckpt`, was made and how well it does;
-    `averaged` lists the other checkpoints whose weights were averaged with `ckpt`'s."""
-    state = TrainerState.load(ckpt) if os.path.isfile(os.path.join(ckpt, STATE)) else TrainerState()
+    `averaged` lists the other checkpoints whose weights were averaged with `ckpt`'s, `runs` the
+    runs that made `ckpt` (`lineage_of(ckpt)` when not given)."""
+    has_state = os.path.isfile(os.path.join(ckpt, STATE))
+    state = TrainerState.load(ckpt) if has_state else TrainerState()
     run_dir = run_dir_of(ckpt)
     settings = read_run_settings(run_dir)
     cfg = model.config
     pointer = ", with a pointer-generator (See et al. 2017) that copies source tokens" if cfg.pointer_generator else ""
-    runs = lineage_of(ckpt)
+    runs = lineage_of(ckpt) if runs is None else runs
     lines = [
         "# b2b summarizer (BERT2BERT, CNN/DailyMail)",
         "",
@@ -87,20 +90,23 @@ def model_card(ckpt: str, model: Bert2Bert, dtype: str, averaged: list[str] | No
         "",
         "## Training",
     ]
-    if len(runs) > 1:  # warm-started from earlier runs' weights: say what it took in all, then the last run
-        lines += summary_lines(runs) + ["", "The last run:"]
-    lines += [
-        f"- Task: {state.task or 'summarization'}; optimizer steps: {state.step}; examples seen: {state.examples_seen:,}; "
-        f"tokens seen: {state.tokens_seen:,}",
-        f"- Wall time in the training loop: {state.wall_seconds / 3600:.2f} h on {training_hardware(run_dir)}",
-        f"- Initialisation: {settings.get('init') or 'random'}",
-        f"- Data: {settings.get('data', '?')} (validation: {settings.get('val_data') or 'held out'})",
-        "- Settings: " + ", ".join(
-            f"{k}={settings[k]}" for k in ("batch_size", "grad_accum", "lr", "warmup_steps", "schedule", "max_steps",
-                                           "max_source_len", "max_target_len", "label_smoothing", "coverage", "dropout", "seed")
-            if k in settings
-        ),
-    ]
+    if len(runs) > 1 or (runs and not has_state):  # say what it took in all; the last run's details follow if known
+        lines += summary_lines(runs) + (["", "The last run:"] if has_state else [])
+    if not has_state and not runs:
+        lines.append("- No training record beside these weights (no trainer_state.json, no lineage.json).")
+    if has_state:
+        lines += [
+            f"- Task: {state.task or 'summarization'}; optimizer steps: {state.step}; examples seen: {state.examples_seen:,}; "
+            f"tokens seen: {state.tokens_seen:,}",
+            f"- Wall time in the training loop: {state.wall_seconds / 3600:.2f} h on {training_hardware(run_dir)}",
+            f"- Initialisation: {settings.get('init') or 'random'}",
+            f"- Data: {settings.get('data', '?')} (validation: {settings.get('val_data') or 'held out'})",
+            "- Settings: " + ", ".join(
+                f"{k}={settings[k]}" for k in ("batch_size", "grad_accum", "lr", "warmup_steps", "schedule", "max_steps",
+                                               "max_source_len", "max_target_len", "label_smoothing", "coverage", "dropout", "seed")
+                if k in settings
+            ),
+        ]
     if averaged:
         names = ", ".join(os.path.basename(os.path.normpath(p)) for p in [ckpt, *averaged])
         lines.append(f"- Weights: the mean of {len(averaged) + 1} checkpoints' ({names}); the figures above are {os.path.basename(os.path.normpath(ckpt))}'s")
@@ -141,25 +147,29 @@ def main(argv: list[str] | None = None) -> int:
                         "the card's eval reports are the eval_*.json in --checkpoint's folder, so score the average first")
     a = p.parse_args(argv)
     try:
+        if os.path.abspath(a.out) == os.path.abspath(a.checkpoint):
+            raise ValueError(f"--out is --checkpoint's own folder ({a.out}): export to another folder, "
+                             "or the eval reports and the lineage beside the weights would be lost.")
         a.dtype = dtype_name(a.dtype)
         model, tokenizer = average_checkpoints([a.checkpoint, *a.average]) if a.average else load_for_decoding(a.checkpoint)
-        card = model_card(a.checkpoint, model, a.dtype, a.average)
+        runs = lineage_of(a.checkpoint)
+        if runs and a.average:  # the last run's figures are --checkpoint's; say its weights were averaged
+            runs[-1] = {**runs[-1], "averaged_with": [os.path.basename(os.path.normpath(p)) for p in a.average]}
+        card = model_card(a.checkpoint, model, a.dtype, a.average, runs)
         if a.notes:
             with open(a.notes, encoding="utf-8") as f:
                 card += "\n" + f.read()
     except (ValueError, OSError) as e:
         log.error("%s", e)
         return 2
-    path = save_checkpoint(model, tokenizer, a.out, dtype=None if a.dtype == "float32" else a.dtype)
+    # the lineage goes in with the weights (one atomic write): a run started from this folder carries it on
+    path = save_checkpoint(model, tokenizer, a.out, dtype=None if a.dtype == "float32" else a.dtype,
+                           extra={LINEAGE: runs} if runs else None)
     with open(os.path.join(path, "MODEL_CARD.md"), "w") as f:
         f.write(card)
     for report in glob.glob(os.path.join(a.checkpoint, "eval_*.json")):
         with open(report) as src, open(os.path.join(path, os.path.basename(report)), "w") as dst:
             dst.write(src.read())
-    runs = lineage_of(a.checkpoint)
-    if runs:  # a run started from the shipped folder carries these on
-        with open(os.path.join(path, LINEAGE), "w", encoding="utf-8") as f:
-            json.dump(runs, f, indent=1)
     size = os.path.getsize(os.path.join(path, "model.safetensors")) / 2**20
     log.info("Wrote %s (%.1f MiB of weights) with MODEL_CARD.md.", path, size)
     return 0

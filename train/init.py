@@ -58,7 +58,7 @@ def build_model(s: TrainSettings, share: bool = False, pointer: bool = False) ->
     folder = init_folder(s.init) if os.path.isdir(s.init) else resolve_hf_folder(s.init)
     if folder is None:
         raise FileNotFoundError(f"--init {s.init} is neither a checkpoint (no config.json) nor a run folder with checkpoints.")
-    if folder != s.init:
+    if os.path.isdir(s.init) and folder != s.init:
         log.info("--init %s is a run folder: starting from its newest checkpoint, %s.", s.init, folder)
     with open(os.path.join(folder, "config.json")) as f:
         is_hf = "model_type" in json.load(f)

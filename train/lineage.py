@@ -34,9 +34,11 @@ def _hardware(rt: dict) -> str:
     return f"{where}, {rt.get('device_name') or rt.get('device')} (MLX {rt.get('mlx', '?')})"
 
 
-def training_hardware(run_dir: str) -> str:
+def training_hardware(run_dir: str | None) -> str:
     """The machines a run trained on, as its metrics.jsonl recorded them at each start (a resumed
     run can move); this machine, said to be so, when the run recorded none."""
+    if run_dir is None:
+        return "not recorded (a checkpoint outside its run folder)"
     seen: list[str] = []
     for start in read_run_starts(run_dir):
         runtime = start.get("runtime")
@@ -46,23 +48,31 @@ def training_hardware(run_dir: str) -> str:
 
 
 def run_record(checkpoint: str) -> dict:
-    """What the run that wrote `checkpoint` (a `RUN/checkpoints/step_N` folder) did up to it."""
+    """What the run that wrote `checkpoint` did up to it (a checkpoint moved out of its run
+    folder keeps its trainer state, but not its run's settings, machines or earlier runs)."""
     state = TrainerState.load(checkpoint)
     run_dir = run_dir_of(checkpoint)
     settings = read_run_settings(run_dir)
     return {
-        "run": os.path.basename(run_dir), "task": state.task or "summarization", "steps": state.step,
-        "examples": state.examples_seen, "tokens": state.tokens_seen, "hours": round(state.wall_seconds / 3600, 3),
-        "hardware": training_hardware(run_dir), "init": settings.get("init") or "random",
+        "run": os.path.basename(run_dir or os.path.abspath(checkpoint)), "task": state.task or "summarization",
+        "steps": state.step, "examples": state.examples_seen, "tokens": state.tokens_seen,
+        "hours": round(state.wall_seconds / 3600, 3),
+        "hardware": training_hardware(run_dir),
+        "init": settings.get("init") or ("random" if run_dir else "not recorded"),
         "settings": {k: settings[k] for k in _SETTINGS if k in settings},
     }
 
 
 def _read(path: str) -> list[dict]:
+    """A lineage file's runs, checked: a list of objects whose counts are whole numbers."""
     with open(path, encoding="utf-8") as f:
         runs = json.load(f)
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise ValueError(f"{path} is not a list of runs.")
+    for r in runs:
+        if not all(isinstance(r.get(k, 0), int) and not isinstance(r.get(k, 0), bool) for k in ("steps", "examples", "tokens")) \
+                or not isinstance(r.get("hours", 0.0), (int, float)):
+            raise ValueError(f"{path} has a run whose steps, examples, tokens or hours are not numbers.")
     return runs
 
 
@@ -73,8 +83,14 @@ def lineage_of(folder: str) -> list[dict]:
         return _read(shipped)
     if not os.path.isfile(os.path.join(folder, STATE)):
         return []
-    before = os.path.join(run_dir_of(folder), INIT_LINEAGE)
-    return (_read(before) if os.path.isfile(before) else []) + [run_record(folder)]
+    run_dir = run_dir_of(folder)
+    before = os.path.join(run_dir, INIT_LINEAGE) if run_dir else ""
+    return (_read(before) if before and os.path.isfile(before) else []) + [run_record(folder)]
+
+
+def totals(runs: list[dict]) -> dict[str, float]:
+    """Steps, examples, tokens and hours summed over `runs` (as `_read` checked them)."""
+    return {k: sum(r.get(k, 0) for r in runs) for k in ("steps", "examples", "tokens", "hours")}
 
 
 def write_init_lineage(run_dir: str, init: str) -> None:
@@ -85,23 +101,26 @@ def write_init_lineage(run_dir: str, init: str) -> None:
     except (OSError, ValueError) as e:  # a hand-edited file: the run goes on, its card counts only itself
         log.warning("The runs behind %s are not recorded (%s); this run's model card will count only itself.", init, e)
         runs = []
-    if runs:
-        path = os.path.join(run_dir, INIT_LINEAGE)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(runs, f, indent=1)
-        os.replace(path + ".tmp", path)
+    path = os.path.join(run_dir, INIT_LINEAGE)
+    if not runs:  # none to carry, and none left from an earlier start of this folder either
+        if os.path.isfile(path):
+            os.remove(path)
+        return
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(runs, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def summary_lines(runs: list[dict]) -> list[str]:
     """Markdown for a model card: the totals over `runs` and a table of them, one row a run."""
     hours: dict[str, float] = {}
     for r in runs:
-        hours[r.get("hardware", "?")] = hours.get(r.get("hardware", "?"), 0.0) + float(r.get("hours") or 0.0)
+        hours[r.get("hardware", "?")] = hours.get(r.get("hardware", "?"), 0.0) + r.get("hours", 0.0)
     machines = "; ".join(f"{h:.2f} h on {hw}" for hw, h in hours.items())
+    total = totals(runs)
     lines = [
-        f"In all, {len(runs)} runs, each from the one before: {sum(r.get('steps', 0) for r in runs):,} optimizer steps, "
-        f"{sum(r.get('examples', 0) for r in runs):,} examples, {sum(r.get('tokens', 0) for r in runs):,} tokens, "
-        f"{sum(hours.values()):.2f} h in training loops: {machines}.",
+        f"In all, {len(runs)} runs, each from the one before: {total['steps']:,} optimizer steps, "
+        f"{total['examples']:,} examples, {total['tokens']:,} tokens, {total['hours']:.2f} h in training loops: {machines}.",
         "",
         "| run | task | steps | examples | hours | machine | settings |",
         "|---|---|---:|---:|---:|---|---|",
@@ -109,5 +128,5 @@ def summary_lines(runs: list[dict]) -> list[str]:
     for r in runs:
         settings = ", ".join(f"{k}={v}" for k, v in (r.get("settings") or {}).items())
         lines.append(f"| {r.get('run', '?')} | {r.get('task', '?')} | {r.get('steps', 0):,} | {r.get('examples', 0):,} | "
-                     f"{float(r.get('hours') or 0.0):.2f} | {r.get('hardware', '?')} | {settings} |")
+                     f"{r.get('hours', 0.0):.2f} | {r.get('hardware', '?')} | {settings} |")
     return lines
